@@ -1,0 +1,36 @@
+"""The policy model: a flax.nnx decoder (Qwen3, Llama-family, Qwen2), its config and presets,
+sharding specs on a `data` x `fsdp` x `tensor` mesh, and HuggingFace folders in and out."""
+
+from gdro_jax.models._config import SUPPORTED_ARCHITECTURES, DecoderConfig, Llama3RopeScaling
+from gdro_jax.models._decoder import (
+    Decoder,
+    DecoderLayers,
+    KVCache,
+    abstract_decoder,
+    init_decoder,
+    parameter_shardings,
+    rope_inverse_frequencies,
+)
+from gdro_jax.models._sharding import (
+    MESH_AXES,
+    ShardingConfig,
+    fit_spec,
+    make_mesh,
+)
+
+__all__ = [
+    "MESH_AXES",
+    "SUPPORTED_ARCHITECTURES",
+    "Decoder",
+    "DecoderConfig",
+    "DecoderLayers",
+    "KVCache",
+    "Llama3RopeScaling",
+    "ShardingConfig",
+    "abstract_decoder",
+    "fit_spec",
+    "init_decoder",
+    "make_mesh",
+    "parameter_shardings",
+    "rope_inverse_frequencies",
+]

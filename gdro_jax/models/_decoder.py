@@ -1,0 +1,421 @@
+"""The decoder in flax.nnx: Qwen3 (QK-norm, GQA, RoPE, SwiGLU, RMSNorm, no biases) and, by config
+flags, Llama-family and Qwen2 checkpoints.
+
+The L blocks keep their parameters stacked on a leading layer axis and run as one `lax.scan`, so
+compile time does not grow with depth. The same code serves training (a full causal forward over
+padded sequences) and sampling (writing new keys/values into a preallocated KV cache).
+
+Numerics follow HuggingFace transformers: RMSNorm and the attention softmax in float32, RoPE by
+rotating halves of each head, heads of one key/value group contiguous (query head n uses key/value
+head n // G).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+from gdro_jax.models._config import DecoderConfig
+from gdro_jax.models._sharding import ShardingConfig, check_mesh, constrain, state_shardings
+
+_INIT_STD = 0.02  # transformers' `initializer_range` default for these families
+# A finite "minus infinity": a query whose keys are all masked (a pad row) gets a uniform softmax
+# instead of NaNs, which would otherwise leak into gradients through the masked-out rows.
+_MASKED = -0.7 * float(np.finfo(np.float32).max)
+
+
+class KVCache(NamedTuple):
+    """Keys and values of all layers for a batch of sequences, indexed by cache slot."""
+
+    k: jax.Array  # [L, B, S, K, H] compute dtype, keys after QK-norm and RoPE
+    v: jax.Array  # [L, B, S, K, H] compute dtype
+
+
+def rope_inverse_frequencies(config: DecoderConfig) -> np.ndarray:
+    """The H/2 RoPE inverse frequencies, float32, computed as transformers does.
+
+    References:
+      Su et al., 2021, "RoFormer", arXiv 2104.09864, eq. 34; Llama 3 rescaling: Grattafiori et
+      al., 2024, arXiv 2407.21783.
+    """
+    dim = config.head_dim
+    exponents = np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)
+    inv_freq = (np.float32(1.0) / np.power(np.float32(config.rope_theta), exponents)).astype(
+        np.float32
+    )
+    scaling = config.rope_scaling
+    if scaling is None:
+        return inv_freq
+    old_len = scaling.original_max_position_embeddings
+    low_wavelen = old_len / scaling.low_freq_factor
+    high_wavelen = old_len / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = np.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
+    smooth = (old_len / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
+    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def _rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return normed.astype(x.dtype) * scale.astype(x.dtype)
+
+
+def _apply_rope(x_BTXH: jax.Array, cos_BTh: jax.Array, sin_BTh: jax.Array) -> jax.Array:
+    half = x_BTXH.shape[-1] // 2
+    x1, x2 = x_BTXH[..., :half], x_BTXH[..., half:]
+    cos = cos_BTh[:, :, None, :].astype(x_BTXH.dtype)
+    sin = sin_BTh[:, :, None, :].astype(x_BTXH.dtype)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def _param(value: jax.Array, spec: P, dtype: str) -> nnx.Param:
+    # Placement is ours (jit out_shardings / make_array_from_callback), not flax's eager sharding.
+    return nnx.Param(value.astype(dtype), out_sharding=spec, eager_sharding=False)
+
+
+class DecoderLayers(nnx.Module):
+    """All L decoder blocks; every parameter has a leading layer axis [L, ...].
+
+    `apply_layer` runs one block and is called inside the layer scan on a module merged from one
+    layer's slice of these parameters.
+    """
+
+    def __init__(self, config: DecoderConfig, sharding: ShardingConfig, *, rngs: nnx.Rngs):
+        c, s = config, sharding
+        L, D, N, K, H, F = (
+            c.num_layers,
+            c.d_model,
+            c.num_heads,
+            c.num_kv_heads,
+            c.head_dim,
+            c.mlp_dim,
+        )
+        dtype = c.param_dtype
+
+        def normal(shape, spec):
+            value = _INIT_STD * jax.random.normal(rngs.params(), (L, *shape), jnp.float32)
+            return _param(value, P(None, *spec), dtype)
+
+        def const(shape, spec, fill):
+            return _param(jnp.full((L, *shape), fill, jnp.float32), P(None, *spec), dtype)
+
+        self.attn_norm = const((D,), s.norm_d, 1.0)
+        self.q = normal((D, N, H), s.q_dnh)
+        self.k = normal((D, K, H), s.kv_dkh)
+        self.v = normal((D, K, H), s.kv_dkh)
+        self.o = normal((N, H, D), s.o_nhd)
+        if c.qk_norm:
+            self.q_norm = const((H,), s.head_norm_h, 1.0)
+            self.k_norm = const((H,), s.head_norm_h, 1.0)
+        if c.qkv_bias:
+            self.q_bias = const((N, H), s.q_bias_nh, 0.0)
+            self.k_bias = const((K, H), s.kv_bias_kh, 0.0)
+            self.v_bias = const((K, H), s.kv_bias_kh, 0.0)
+        if c.o_bias:
+            self.o_bias = const((D,), s.bias_d, 0.0)
+        self.mlp_norm = const((D,), s.norm_d, 1.0)
+        self.gate = normal((D, F), s.mlp_in_df)
+        self.up = normal((D, F), s.mlp_in_df)
+        self.down = normal((F, D), s.mlp_out_fd)
+        if c.mlp_bias:
+            self.gate_bias = const((F,), s.mlp_bias_f, 0.0)
+            self.up_bias = const((F,), s.mlp_bias_f, 0.0)
+            self.down_bias = const((D,), s.bias_d, 0.0)
+
+    def apply_layer(
+        self,
+        x_BTD: jax.Array,
+        *,
+        config: DecoderConfig,
+        sharding: ShardingConfig,
+        mesh: Mesh | None,
+        cos_BTh: jax.Array,
+        sin_BTh: jax.Array,
+        allowed_BTS: jax.Array,
+        cache: KVCache | None,
+        layer: jax.Array | None,
+        cache_index: jax.Array | int,
+    ) -> tuple[jax.Array, KVCache | None]:
+        """One pre-norm block on one layer's parameters (call on a per-layer slice).
+
+        Args:
+          x_BTD: residual stream.
+          config: the architecture.
+          sharding: activation specs.
+          mesh: the mesh, or None (no constraints).
+          cos_BTh: RoPE cosines [B, T, H/2] float32.
+          sin_BTh: RoPE sines [B, T, H/2] float32.
+          allowed_BTS: whether query t may attend key slot s.
+          cache: all layers' KV cache, or None to attend only within this call's tokens.
+          layer: this layer's index into the cache (traced int32 scalar).
+          cache_index: cache slot of this call's first token.
+
+        Returns:
+          (the new residual stream [B, T, D], the cache with this layer's new keys/values written).
+        """
+        c, s = config, sharding
+        cdt = jnp.dtype(c.compute_dtype)
+        B, T, _ = x_BTD.shape
+        K, G, H = c.num_kv_heads, c.num_query_groups, c.head_dim
+
+        h_BTD = _rms_norm(x_BTD, self.attn_norm[...], c.rms_norm_eps)
+        q_BTNH = jnp.einsum("btd,dnh->btnh", h_BTD, self.q[...].astype(cdt))
+        k_BTKH = jnp.einsum("btd,dkh->btkh", h_BTD, self.k[...].astype(cdt))
+        v_BTKH = jnp.einsum("btd,dkh->btkh", h_BTD, self.v[...].astype(cdt))
+        if c.qkv_bias:
+            q_BTNH = q_BTNH + self.q_bias[...].astype(cdt)
+            k_BTKH = k_BTKH + self.k_bias[...].astype(cdt)
+            v_BTKH = v_BTKH + self.v_bias[...].astype(cdt)
+        if c.qk_norm:
+            q_BTNH = _rms_norm(q_BTNH, self.q_norm[...], c.rms_norm_eps)
+            k_BTKH = _rms_norm(k_BTKH, self.k_norm[...], c.rms_norm_eps)
+        q_BTNH = constrain(_apply_rope(q_BTNH, cos_BTh, sin_BTh), s.act_btnh, mesh)
+        k_BTKH = constrain(_apply_rope(k_BTKH, cos_BTh, sin_BTh), s.act_btkh, mesh)
+        v_BTKH = constrain(v_BTKH, s.act_btkh, mesh)
+
+        if cache is None:
+            k_BSKH, v_BSKH = k_BTKH, v_BTKH
+        else:
+            start = (layer, 0, cache_index, 0, 0)
+            cache = KVCache(
+                k=jax.lax.dynamic_update_slice(cache.k, k_BTKH[None].astype(cache.k.dtype), start),
+                v=jax.lax.dynamic_update_slice(cache.v, v_BTKH[None].astype(cache.v.dtype), start),
+            )
+            cache = KVCache(*(constrain(a, s.cache_lbskh, mesh) for a in cache))
+            k_BSKH = jax.lax.dynamic_index_in_dim(cache.k, layer, keepdims=False)
+            v_BSKH = jax.lax.dynamic_index_in_dim(cache.v, layer, keepdims=False)
+
+        q_BTKGH = q_BTNH.reshape(B, T, K, G, H)
+        scores_BKGTS = jnp.einsum(
+            "btkgh,bskh->bkgts", q_BTKGH, k_BSKH, preferred_element_type=jnp.float32
+        ) * (H**-0.5)
+        scores_BKGTS = jnp.where(allowed_BTS[:, None, None], scores_BKGTS, _MASKED)
+        probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(cdt)
+        attn_BTKGH = jnp.einsum("bkgts,bskh->btkgh", probs_BKGTS, v_BSKH)
+        attn_BTNH = constrain(attn_BTKGH.reshape(B, T, K * G, H), s.act_btnh, mesh)
+        out_BTD = jnp.einsum("btnh,nhd->btd", attn_BTNH, self.o[...].astype(cdt))
+        if c.o_bias:
+            out_BTD = out_BTD + self.o_bias[...].astype(cdt)
+        x_BTD = constrain(x_BTD + out_BTD, s.act_btd, mesh)
+
+        h_BTD = _rms_norm(x_BTD, self.mlp_norm[...], c.rms_norm_eps)
+        gate_BTF = jnp.einsum("btd,df->btf", h_BTD, self.gate[...].astype(cdt))
+        up_BTF = jnp.einsum("btd,df->btf", h_BTD, self.up[...].astype(cdt))
+        if c.mlp_bias:
+            gate_BTF = gate_BTF + self.gate_bias[...].astype(cdt)
+            up_BTF = up_BTF + self.up_bias[...].astype(cdt)
+        act_BTF = constrain(jax.nn.silu(gate_BTF) * up_BTF, s.act_btf, mesh)
+        mlp_BTD = jnp.einsum("btf,fd->btd", act_BTF, self.down[...].astype(cdt))
+        if c.mlp_bias:
+            mlp_BTD = mlp_BTD + self.down_bias[...].astype(cdt)
+        return constrain(x_BTD + mlp_BTD, s.act_btd, mesh), cache
+
+
+class Decoder(nnx.Module):
+    """A causal language model: embedding, L decoder blocks, final RMSNorm, output projection.
+
+    Call it as `model(tokens_BT, positions_BT, attention_mask_BT) -> logits_BTV` (float32).
+    Attention is causal by array index and skips keys whose `attention_mask_BT` is False, so a
+    batch may be left- or right-padded; `positions_BT` are the RoPE positions (0 at each
+    sequence's first real token). The sampler uses `extend_cache` and `logits` instead.
+
+    Attributes:
+      config: the DecoderConfig.
+      sharding: the ShardingConfig of parameters and activations.
+      mesh: the mesh parameters live on, or None for one device. With a mesh, activations are
+        constrained to `sharding`'s specs inside every call.
+    """
+
+    def __init__(
+        self,
+        config: DecoderConfig,
+        *,
+        rngs: nnx.Rngs,
+        sharding: ShardingConfig | None = None,
+        mesh: Mesh | None = None,
+    ):
+        if mesh is not None:
+            check_mesh(mesh)
+        self.config = config
+        self.sharding = sharding = sharding or ShardingConfig()
+        self.mesh = mesh
+        c = config
+        embed = _INIT_STD * jax.random.normal(rngs.params(), (c.vocab_size, c.d_model))
+        self.embed = _param(embed, sharding.emb_vd, c.param_dtype)
+        self.layers = DecoderLayers(config, sharding, rngs=rngs)
+        self.final_norm = _param(jnp.ones((c.d_model,)), sharding.norm_d, c.param_dtype)
+        if not c.tie_embeddings:
+            head = _INIT_STD * jax.random.normal(rngs.params(), (c.d_model, c.vocab_size))
+            self.lm_head = _param(head, sharding.unemb_dv, c.param_dtype)
+
+    def __call__(
+        self,
+        tokens_BT: jax.Array,
+        positions_BT: jax.Array,
+        attention_mask_BT: jax.Array | None = None,
+    ) -> jax.Array:
+        """Logits of the next token at every position.
+
+        Args:
+          tokens_BT: token ids, int.
+          positions_BT: RoPE positions, int.
+          attention_mask_BT: True for real tokens (None: all real).
+
+        Returns:
+          logits_BTV, float32. Rows of padding tokens are finite but meaningless.
+        """
+        return self.logits(self.hidden_states(tokens_BT, positions_BT, attention_mask_BT))
+
+    def hidden_states(
+        self,
+        tokens_BT: jax.Array,
+        positions_BT: jax.Array,
+        attention_mask_BT: jax.Array | None = None,
+    ) -> jax.Array:
+        """The final-normed hidden states h_BTD (inputs of the output projection)."""
+        B, T = tokens_BT.shape
+        mask_BT = jnp.ones((B, T), bool) if attention_mask_BT is None else attention_mask_BT
+        index_T = jnp.arange(T)
+        allowed_BTS = mask_BT.astype(bool)[:, None, :] & (index_T[None, :] <= index_T[:, None])
+        h_BTD, _ = self._run(tokens_BT, positions_BT, allowed_BTS, cache=None, cache_index=0)
+        return h_BTD
+
+    def extend_cache(
+        self,
+        tokens_BT: jax.Array,
+        positions_BT: jax.Array,
+        *,
+        cache: KVCache,
+        cache_index: jax.Array | int,
+        key_mask_BS: jax.Array,
+    ) -> tuple[jax.Array, KVCache]:
+        """Runs T new tokens per sequence, writing their keys/values at cache slots
+        `cache_index .. cache_index+T-1`, and attending to every earlier valid slot.
+
+        Args:
+          tokens_BT: the new token ids.
+          positions_BT: their RoPE positions.
+          cache: the KV cache (S slots).
+          cache_index: slot of the first new token (same for the whole batch).
+          key_mask_BS: False for slots that never hold a real token (padding).
+
+        Returns:
+          (h_BTD final-normed hidden states, the updated cache).
+        """
+        T = tokens_BT.shape[1]
+        S = cache.k.shape[2]
+        query_slot_T = cache_index + jnp.arange(T)
+        causal_TS = jnp.arange(S)[None, :] <= query_slot_T[:, None]
+        allowed_BTS = key_mask_BS.astype(bool)[:, None, :] & causal_TS[None]
+        return self._run(tokens_BT, positions_BT, allowed_BTS, cache=cache, cache_index=cache_index)
+
+    def logits(self, h_BTD: jax.Array) -> jax.Array:
+        """The output projection: logits_BTV in float32."""
+        cdt = jnp.dtype(self.config.compute_dtype)
+        if self.config.tie_embeddings:
+            logits = jnp.einsum("btd,vd->btv", h_BTD, self.embed[...].astype(cdt))
+        else:
+            logits = jnp.einsum("btd,dv->btv", h_BTD, self.lm_head[...].astype(cdt))
+        return constrain(logits.astype(jnp.float32), self.sharding.logits_btv, self.mesh)
+
+    def init_cache(self, batch: int, length: int) -> KVCache:
+        """A zero KV cache for `batch` sequences of `length` slots, in the compute dtype."""
+        c = self.config
+        shape = (c.num_layers, batch, length, c.num_kv_heads, c.head_dim)
+        zeros = jnp.zeros(shape, c.compute_dtype)
+        return KVCache(*(constrain(zeros, self.sharding.cache_lbskh, self.mesh) for _ in "kv"))
+
+    def _run(self, tokens_BT, positions_BT, allowed_BTS, *, cache, cache_index):
+        c, s, mesh = self.config, self.sharding, self.mesh
+        cdt = jnp.dtype(c.compute_dtype)
+        tokens_BT = constrain(tokens_BT, s.tokens_bt, mesh)
+        x_BTD = jnp.take(self.embed[...], tokens_BT, axis=0).astype(cdt)
+        x_BTD = constrain(x_BTD, s.act_btd, mesh)
+        angles_BTh = positions_BT.astype(jnp.float32)[..., None] * rope_inverse_frequencies(c)
+        cos_BTh, sin_BTh = jnp.cos(angles_BTh), jnp.sin(angles_BTh)
+
+        graphdef, layer_state = nnx.split(self.layers)
+
+        def body(carry, xs):
+            x_BTD, cache = carry
+            params, layer = xs
+            block = nnx.merge(graphdef, params)
+            x_BTD, cache = block.apply_layer(
+                x_BTD,
+                config=c,
+                sharding=s,
+                mesh=mesh,
+                cos_BTh=cos_BTh,
+                sin_BTh=sin_BTh,
+                allowed_BTS=allowed_BTS,
+                cache=cache,
+                layer=layer,
+                cache_index=cache_index,
+            )
+            return (x_BTD, cache), None
+
+        if c.remat:
+            body = jax.checkpoint(body, policy=jax.checkpoint_policies.nothing_saveable)
+        layers = jnp.arange(c.num_layers, dtype=jnp.int32)
+        (x_BTD, cache), _ = jax.lax.scan(body, (x_BTD, cache), (layer_state, layers))
+        return _rms_norm(x_BTD, self.final_norm[...], c.rms_norm_eps), cache
+
+
+def abstract_decoder(
+    config: DecoderConfig,
+    *,
+    sharding: ShardingConfig | None = None,
+    mesh: Mesh | None = None,
+) -> Decoder:
+    """The decoder with ShapeDtypeStruct parameters (no memory, no devices): `jax.eval_shape`."""
+    return nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0), sharding=sharding, mesh=mesh))
+
+
+def parameter_shardings(model: Decoder, mesh: Mesh | None):
+    """The sharding of every parameter of `model` (a State of shardings) on `mesh`."""
+    state = nnx.state(model)
+    return state_shardings(nnx.get_partition_spec(state), state, mesh)
+
+
+def init_decoder(
+    config: DecoderConfig,
+    *,
+    seed: int = 0,
+    sharding: ShardingConfig | None = None,
+    mesh: Mesh | None = None,
+) -> Decoder:
+    """A randomly initialised decoder whose parameters are created directly on their shards.
+
+    Args:
+      config: the architecture.
+      seed: parameter initialisation seed.
+      sharding: parameter/activation specs (default ShardingConfig()).
+      mesh: a `data` x `fsdp` x `tensor` mesh (see make_mesh), or None for one device.
+
+    Returns:
+      The Decoder; each parameter's `.sharding` is its fitted NamedSharding on `mesh`.
+    """
+    abstract = abstract_decoder(config, sharding=sharding, mesh=mesh)
+    graphdef, abstract_state = nnx.split(abstract)
+    shardings = parameter_shardings(abstract, mesh)
+
+    del abstract_state
+
+    @jax.jit
+    def create():
+        state = nnx.state(Decoder(config, rngs=nnx.Rngs(seed), sharding=sharding, mesh=mesh))
+        return state if mesh is None else jax.lax.with_sharding_constraint(state, shardings)
+
+    return nnx.merge(graphdef, create())
