@@ -11,6 +11,13 @@ from gdro_jax.models._decoder import (
     parameter_shardings,
     rope_inverse_frequencies,
 )
+from gdro_jax.models._hf_io import (
+    CheckpointError,
+    from_pretrained,
+    load_tokenizer,
+    read_hf_config,
+    save_pretrained,
+)
 from gdro_jax.models._sharding import (
     MESH_AXES,
     ShardingConfig,
@@ -21,6 +28,7 @@ from gdro_jax.models._sharding import (
 __all__ = [
     "MESH_AXES",
     "SUPPORTED_ARCHITECTURES",
+    "CheckpointError",
     "Decoder",
     "DecoderConfig",
     "DecoderLayers",
@@ -29,8 +37,12 @@ __all__ = [
     "ShardingConfig",
     "abstract_decoder",
     "fit_spec",
+    "from_pretrained",
     "init_decoder",
+    "load_tokenizer",
     "make_mesh",
     "parameter_shardings",
+    "read_hf_config",
     "rope_inverse_frequencies",
+    "save_pretrained",
 ]
