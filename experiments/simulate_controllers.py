@@ -1,0 +1,23 @@
+"""Controller-dynamics simulation: every method over many seeds; arrays, plots and a table.
+
+    python -m experiments.simulate_controllers --config=experiments/configs/sim_default.py \
+        --workdir=runs/sim_demo [--config.steps=300 --config.prompt_gdro.eta=1.0 ...]
+"""
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from gdro_jax.sim import run_experiment
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Simulation config file.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Folder for arrays, plots and the summary.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+    del argv
+    run_experiment(_CONFIG.value, _WORKDIR.value)
+
+
+if __name__ == "__main__":
+    app.run(main)

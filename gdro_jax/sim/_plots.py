@@ -1,0 +1,153 @@
+"""Figures of a simulation: what the controllers did and what the learner learnt.
+
+Each function takes `{method: SimOutput}` (seed axis first, as `simulate` returns) and returns a
+matplotlib `Figure` with one panel per method; curves are means over seeds. The caller saves or
+shows it.
+"""
+
+from collections.abc import Mapping
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.figure import Figure
+
+from gdro_jax.sim._report import Interval
+from gdro_jax.sim._simulate import METHODS, SimOutput
+
+
+def _panels(num_methods: int, height: float = 3.2) -> tuple[Figure, np.ndarray]:
+    fig, axes = plt.subplots(
+        1, num_methods, figsize=(4.2 * num_methods, height), squeeze=False, constrained_layout=True
+    )
+    return fig, axes[0]
+
+
+def _smooth(values_T: np.ndarray, window: int) -> np.ndarray:
+    """Trailing moving average over steps (window 1: unchanged), same length."""
+    if window <= 1:
+        return values_T
+    kernel = np.ones(window) / window
+    padded = np.concatenate([np.repeat(values_T[:1], window - 1, axis=0), values_T], axis=0)
+    return np.apply_along_axis(lambda v: np.convolve(v, kernel, mode="valid"), 0, padded)
+
+
+def plot_q_heatmap(outputs: Mapping[str, SimOutput]) -> Figure:
+    """Heatmap of Prompt-GDRO's distribution q over step x bin, mean over seeds, per method.
+
+    Methods that do not apply Prompt-GDRO still show the q it would play on their data
+    ("observed"). Bin 0 is the hardest.
+    """
+    fig, axes = _panels(len(outputs))
+    for ax, (method, output) in zip(axes, outputs.items(), strict=True):
+        q_TB = np.asarray(output.trace.q).mean(axis=0)
+        image = ax.imshow(
+            q_TB.T, aspect="auto", origin="lower", cmap="magma", vmin=0.0, interpolation="nearest"
+        )
+        applied = METHODS.get(method, (False, False))[0]
+        ax.set_title(f"{method}: q ({'applied' if applied else 'observed'})")
+        ax.set_xlabel("step")
+        ax.set_ylabel("bin (0 = hardest)")
+        fig.colorbar(image, ax=ax, fraction=0.05)
+    return fig
+
+
+def plot_rollouts_per_bin(outputs: Mapping[str, SimOutput], smooth: int = 5) -> Figure:
+    """Stacked rollouts per bin over steps (they sum to R every step), mean over seeds."""
+    fig, axes = _panels(len(outputs))
+    for ax, (method, output) in zip(axes, outputs.items(), strict=True):
+        rollouts_TB = _smooth(np.asarray(output.trace.rollouts_per_bin).mean(axis=0), smooth)
+        num_bins = rollouts_TB.shape[1]
+        colors = plt.get_cmap("viridis")(np.linspace(0.0, 1.0, num_bins))
+        ax.stackplot(
+            np.arange(rollouts_TB.shape[0]),
+            rollouts_TB.T,
+            colors=colors,
+            labels=[f"bin {b}" for b in range(num_bins)],
+        )
+        applied = METHODS.get(method, (False, False))[1]
+        ax.set_title(f"{method}: rollouts per bin ({'allocated' if applied else 'uniform'})")
+        ax.set_xlabel("step")
+        ax.set_ylabel("rollouts (sum = R)")
+        ax.margins(x=0, y=0)
+    axes[-1].legend(
+        loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small", title="0 = hard"
+    )
+    return fig
+
+
+def plot_pass_rate_per_level(outputs: Mapping[str, SimOutput], metric: str = "pass1") -> Figure:
+    """Exact held-out pass rate per level over steps, mean over seeds, one line per level.
+
+    Args:
+      outputs: `{method: SimOutput}`.
+      metric: "pass1" or "pass_k" (the trace field).
+    """
+    fig, axes = _panels(len(outputs))
+    for ax, (method, output) in zip(axes, outputs.items(), strict=True):
+        rate_TL = np.asarray(getattr(output.trace, metric)).mean(axis=0)
+        num_levels = rate_TL.shape[1]
+        colors = plt.get_cmap("plasma")(np.linspace(0.0, 0.85, num_levels))
+        for level in range(num_levels):
+            ax.plot(rate_TL[:, level], color=colors[level], label=f"L{level + 1}")
+        ax.set_title(f"{method}: held-out {'pass@1' if metric == 'pass1' else 'pass@k'}")
+        ax.set_xlabel("step")
+        ax.set_ylim(0.0, 1.0)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("exact pass rate")
+    axes[-1].legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small", title="level")
+    return fig
+
+
+def plot_final_by_level(
+    summary: Mapping[str, Mapping[str, Interval]], metric: str = "pass@8"
+) -> Figure:
+    """Final metric per level and pooled, methods side by side, with their seed intervals.
+
+    Args:
+      summary: from `summarize`.
+      metric: a key of `summary` ("pass@1" or "pass@8").
+    """
+    per_method = summary[metric]
+    methods = list(per_method)
+    num_columns = next(iter(per_method.values())).mean.shape[0]
+    labels = [f"L{level}" for level in range(1, num_columns - 1)] + ["pooled", "natural"]
+    fig, ax = plt.subplots(figsize=(1.0 * num_columns + 2.0, 3.4), constrained_layout=True)
+    width = 0.8 / len(methods)
+    x = np.arange(num_columns)
+    for index, method in enumerate(methods):
+        interval = per_method[method]
+        error = np.stack([interval.mean - interval.lower, interval.upper - interval.mean])
+        ax.bar(
+            x + (index - (len(methods) - 1) / 2) * width,
+            interval.mean,
+            width,
+            yerr=error,
+            capsize=2,
+            label=method,
+        )
+    ax.set_xticks(x, labels)
+    ax.set_ylim(0.0, 1.0)
+    ax.set_ylabel(f"final {metric}")
+    ax.legend(fontsize="small", ncols=len(methods), loc="lower center", bbox_to_anchor=(0.5, 1.0))
+    ax.grid(axis="y", alpha=0.3)
+    return fig
+
+
+def plot_controller_signals(outputs: Mapping[str, SimOutput], smooth: int = 5) -> Figure:
+    """Four panels over steps, methods overlaid: mu, lead-lag gap, informative groups, reward."""
+    fields = (
+        ("mu", "Rollout-GDRO shadow price mu"),
+        ("lead_lag_gap", "lead-lag gap sum_b b (q - share)"),
+        ("informative_fraction", "groups with non-zero advantage"),
+        ("mean_reward", "mean reward"),
+    )
+    fig, axes = _panels(len(fields))
+    for ax, (field, title) in zip(axes, fields, strict=True):
+        for method, output in outputs.items():
+            values_T = np.asarray(getattr(output.trace, field), np.float64).mean(axis=0)
+            ax.plot(_smooth(values_T, smooth), label=method)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    axes[-1].legend(fontsize="small")
+    return fig
