@@ -45,7 +45,7 @@ class RolloutGDROState(NamedTuple):
     variance: jax.Array  # [B] float32 EMA of the per-bin variance proxy v(b)
     seen: jax.Array  # [B] bool whether v(b) has been observed
     arm_scores: jax.Array  # [B, A] float32, A = n_max - n_min + 1 (arms mode; zeros in sqrt mode)
-    mu: jax.Array  # [] float32 shadow price (arms: the running price; sqrt: last cut gain)
+    mu: jax.Array  # [] float32 arms mode's running price (sqrt mode: 0; see AllocationInfo.mu)
     step: jax.Array  # [] int32 number of updates applied
 
 
@@ -154,13 +154,14 @@ def integer_allocation(
         level_K = jnp.arange(n_min, n_max, dtype=jnp.float32)
         gain_KN = v_N[None, :] / (level_K * (level_K + 1.0))[:, None]
         gain_flat = gain_KN.reshape(-1)  # unit-major: index k * N + i
-        # Gains are >= 0, so every negated zero is -0.0 and the stable sort keeps index order.
-        order = jnp.argsort(-gain_flat, stable=True)
-        rank = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))
-        taken_KN = (rank < remaining).reshape(num_levels, num_prompts)
-        n_N = n_min + jnp.sum(taken_KN, axis=0, dtype=jnp.int32)
-        mu = gain_flat[order[max(remaining - 1, 0)]]
-        return n_N, mu
+        if remaining == 0:  # nothing to hand out: report the largest gain declined
+            return jnp.full((num_prompts,), n_min, jnp.int32), jnp.max(gain_flat)
+        # top_k returns equal values lower index first, so ties follow the unit-major order.
+        # It is several times faster than a full sort on CPU (benchmarks/controllers.py).
+        top_values, top_index = jax.lax.top_k(gain_flat, remaining)
+        taken = jnp.zeros(gain_flat.shape, jnp.int32).at[top_index].set(1)
+        n_N = n_min + jnp.sum(taken.reshape(num_levels, num_prompts), axis=0, dtype=jnp.int32)
+        return n_N, top_values[-1]
 
     return _permuted(allocate, key, variance_N)
 
@@ -341,8 +342,8 @@ def rollout_gdro(
     Modes:
 
     * ``"sqrt"``: :func:`integer_allocation` of ``v(b_i)`` with total ``N * n_mean``; ties broken
-      by a random permutation from ``key`` (by index when ``key`` is None). ``state.mu`` after an
-      update is the cut gain this batch would get under the updated ``v``.
+      by a random permutation from ``key`` (by index when ``key`` is None). The shadow price,
+      the cut gain, is returned as ``info.mu`` by ``allocate``; ``state.mu`` stays 0.
     * ``"arms"``: per bin a softmax of ``arm_eta * arm_scores[b]`` over the arms ``n_min..n_max``;
       :func:`arms_allocation` picks the configuration of maximal joint log-probability with the
       exact budget. ``update`` adds ``delta_b = lbar_b - mu (n_b - n_mean)`` to the bin's arm
@@ -520,9 +521,8 @@ def rollout_gdro(
                 ).astype(jnp.float32),
                 seen=state.seen | present_B,
             )
-        if mode == "sqrt":
-            _, info = allocate(new_state, bins, p_hat)
-            return new_state._replace(mu=info.mu)
+        if mode == "sqrt":  # the shadow price of sqrt mode is reported by allocate (info.mu)
+            return new_state
 
         if losses is None or num_rollouts is None:
             raise ValueError("update in mode='arms' needs losses and num_rollouts")

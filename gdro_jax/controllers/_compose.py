@@ -1,0 +1,166 @@
+"""Threading the three adversaries through one training step.
+
+`multi_adversary` bundles the classifier, Prompt-GDRO and Rollout-GDRO into one `init`/`plan`/
+`update` triple over a single `GDROState` pytree, following the step of SPEC section 7:
+
+    plan   (before rollouts): bins from history up to t-1, rollouts per prompt, slot map,
+                              advantage multipliers;
+    update (after rewards):   classifier, Prompt-GDRO and Rollout-GDRO state transitions.
+
+Either adversary may be left out (`None`): then advantages are unweighted and/or every prompt gets
+`n_mean` rollouts, which is plain GRPO. The total number of rollout slots is always
+`R = N * n_mean`, so nothing downstream recompiles when the decisions change (SPEC section 6).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.typing import ArrayLike
+
+from gdro_jax.controllers._passk import PassKClassifier, PassKState
+from gdro_jax.controllers._prompt_gdro import PromptGDRO, PromptGDROState
+from gdro_jax.controllers._rollout_gdro import RolloutGDRO, RolloutGDROState
+
+
+class GDROState(NamedTuple):
+    """The three controller states; an adversary that is switched off holds `None`."""
+
+    classifier: PassKState
+    prompt: PromptGDROState | None
+    rollout: RolloutGDROState | None
+
+
+class Plan(NamedTuple):
+    """What the controllers decided for one batch, before any rollout is drawn."""
+
+    bins: jax.Array  # [N] int32 difficulty bin of each prompt (0 hardest)
+    p_hat: jax.Array  # [N] float32 the classifier's pass-rate estimate of each prompt
+    num_rollouts: jax.Array  # [N] int32 rollouts per prompt; sums to N * n_mean
+    prompt_of_slot: jax.Array  # [R] int32 which prompt each of the R rollout slots belongs to
+    advantage_weights: jax.Array  # [N] float32 Prompt-GDRO multipliers (ones when off)
+    mu: jax.Array  # [] float32 Rollout-GDRO shadow price (0 when off)
+
+
+class MultiAdversary(NamedTuple):
+    """Pure functions over a `GDROState` (see `multi_adversary`)."""
+
+    init: Callable[[], GDROState]
+    plan: Callable[..., Plan]
+    update: Callable[..., GDROState]
+    n_mean: int
+
+
+def slots_from_counts(num_rollouts: ArrayLike, total: int) -> jax.Array:
+    """Maps `total` rollout slots to prompts: prompt `i` owns `num_rollouts[i]` consecutive slots.
+
+    Args:
+      num_rollouts: int[N] rollouts per prompt, summing to `total`.
+      total: the static number of slots `R`.
+
+    Returns:
+      int32[R] prompt index of each slot, sorted ascending.
+    """
+    num_rollouts = jnp.asarray(num_rollouts, jnp.int32)
+    prompts = jnp.arange(num_rollouts.shape[0], dtype=jnp.int32)
+    return jnp.repeat(prompts, num_rollouts, total_repeat_length=total)
+
+
+def multi_adversary(
+    classifier: PassKClassifier,
+    prompt: PromptGDRO | None = None,
+    rollout: RolloutGDRO | None = None,
+    *,
+    n_mean: int = 4,
+) -> MultiAdversary:
+    """Composes the classifier with either or both adversaries.
+
+    Args:
+      classifier: from `passk_classifier`.
+      prompt: from `prompt_gdro`, or `None` for unweighted advantages.
+      rollout: from `rollout_gdro`, or `None` for `n_mean` rollouts per prompt. When given, its
+        `n_mean` is used.
+      n_mean: rollouts per prompt when `rollout` is `None`.
+
+    Returns:
+      A `MultiAdversary` with
+        `init() -> GDROState`;
+        `plan(state, prompt_ids, key) -> Plan`;
+        `update(state, plan, prompt_ids, *, num_correct, losses, valid=None) -> GDROState`,
+      where `num_correct` is int[N] correct rollouts per prompt and `losses` the float[N]
+      per-prompt loss signal for the adversaries.
+    """
+    for name, adversary in (("prompt", prompt), ("rollout", rollout)):
+        if adversary is not None and adversary.num_bins != classifier.num_bins:
+            raise ValueError(
+                f"{name}.num_bins={adversary.num_bins} differs from the classifier's "
+                f"num_bins={classifier.num_bins}"
+            )
+    if rollout is not None:
+        n_mean = rollout.n_mean
+    if n_mean < 1:
+        raise ValueError(f"n_mean must be >= 1, got n_mean={n_mean!r}")
+
+    def init() -> GDROState:
+        return GDROState(
+            classifier=classifier.init(),
+            prompt=None if prompt is None else prompt.init(),
+            rollout=None if rollout is None else rollout.init(),
+        )
+
+    def plan(state: GDROState, prompt_ids: ArrayLike, key: jax.Array) -> Plan:
+        prompt_ids = jnp.asarray(prompt_ids, jnp.int32)
+        num_prompts = prompt_ids.shape[0]
+        bins = classifier.bins(state.classifier, prompt_ids)
+        p_hat = classifier.p_hat(state.classifier, prompt_ids)
+        if rollout is None:
+            num_rollouts = jnp.full((num_prompts,), n_mean, jnp.int32)
+            mu = jnp.zeros((), jnp.float32)
+        else:
+            num_rollouts, info = rollout.allocate(state.rollout, bins, p_hat, key)
+            mu = info.mu
+        if prompt is None:
+            weights = jnp.ones((num_prompts,), jnp.float32)
+        else:
+            weights = prompt.weights(state.prompt, bins, num_rollouts=num_rollouts)
+        return Plan(
+            bins=bins,
+            p_hat=p_hat,
+            num_rollouts=num_rollouts,
+            prompt_of_slot=slots_from_counts(num_rollouts, num_prompts * n_mean),
+            advantage_weights=weights,
+            mu=mu,
+        )
+
+    def update(
+        state: GDROState,
+        plan: Plan,
+        prompt_ids: ArrayLike,
+        *,
+        num_correct: ArrayLike,
+        losses: ArrayLike,
+        valid: ArrayLike | None = None,
+    ) -> GDROState:
+        classifier_state = classifier.update(
+            state.classifier, prompt_ids, num_correct, plan.num_rollouts, valid=valid
+        )
+        prompt_state = state.prompt
+        if prompt is not None:
+            prompt_state = prompt.update(state.prompt, plan.bins, losses, valid=valid)
+        rollout_state = state.rollout
+        if rollout is not None:
+            rollout_state = rollout.update(
+                state.rollout,
+                plan.bins,
+                p_hat=classifier.p_hat(classifier_state, prompt_ids),
+                losses=losses,
+                num_correct=num_correct,
+                num_rollouts=plan.num_rollouts,
+                valid=valid,
+            )
+        return GDROState(classifier_state, prompt_state, rollout_state)
+
+    return MultiAdversary(init=init, plan=plan, update=update, n_mean=n_mean)
