@@ -141,20 +141,29 @@ def make_simulator(config: SimConfig) -> Simulator:
         pass_k_L = per_level_mean(exact_pass_at_k(p_H, config.eval_k), heldout.level_P, num_levels)
         return pass1_L, pass_k_L
 
-    def batch_ids(shuffle_key: jax.Array, step: jax.Array) -> jax.Array:
-        # Epoch shuffling as a data loader does: each epoch is one permutation of the pool cut
-        # into steps_per_epoch batches (the remainder D mod N is left out of that epoch).
-        epoch, position = step // steps_per_epoch, step % steps_per_epoch
-        order_D = jax.random.permutation(jax.random.fold_in(shuffle_key, epoch), config.pool_size)
-        return jax.lax.dynamic_slice(order_D, (position * num_prompts,), (num_prompts,))
+    num_epochs = -(-config.steps // steps_per_epoch)
 
-    def per_bin(values_N: jax.Array, bins_N: jax.Array) -> jax.Array:
-        return jax.ops.segment_sum(values_N, bins_N, num_segments=num_bins)
+    def epoch_orders(shuffle_key: jax.Array) -> jax.Array:
+        # Epoch shuffling as a data loader does: each epoch is one permutation of the pool cut
+        # into steps_per_epoch batches (the remainder D mod N is left out of that epoch). Drawn
+        # once before the scan: a sort of D per epoch, not per step.
+        epoch_keys = jax.random.split(shuffle_key, num_epochs)
+        return jax.vmap(lambda k: jax.random.permutation(k, config.pool_size))(epoch_keys)
+
+    def batch_ids(order_ED: jax.Array, step: jax.Array) -> jax.Array:
+        epoch, position = step // steps_per_epoch, step % steps_per_epoch
+        return jax.lax.dynamic_slice(order_ED[epoch], (position * num_prompts,), (num_prompts,))
+
+    def per_group(values_N: jax.Array, group_N: jax.Array, num_groups: int) -> jax.Array:
+        # One-hot contraction: B and L are small, and a dot compiles faster than a scatter.
+        onehot_NG = jax.nn.one_hot(group_N, num_groups, dtype=jnp.int32)
+        return values_N.astype(jnp.int32) @ onehot_NG
 
     def run_seed(flags: MethodFlags, key: jax.Array) -> SimOutput:
         pool_key, heldout_key, shuffle_key, run_key = jax.random.split(key, 4)
         pool = sample_prompt_set(pool_key, pool_counts_L, config.offset_std)
         heldout = sample_prompt_set(heldout_key, heldout_counts_L, config.offset_std)
+        order_ED = epoch_orders(shuffle_key)
         theta_L = initial_skill_logits(num_levels, config.init_logit_first, config.init_logit_slope)
         state = SimState(
             theta=theta_L,
@@ -167,7 +176,7 @@ def make_simulator(config: SimConfig) -> Simulator:
         def step(state: SimState, inputs: tuple[jax.Array, jax.Array]):
             step_index, step_key = inputs
             allocate_key, rollout_key = jax.random.split(step_key)
-            ids_N = batch_ids(shuffle_key, step_index)
+            ids_N = batch_ids(order_ED, step_index)
             level_N, offset_N = pool.level_P[ids_N], pool.offset_P[ids_N]
 
             # Plan from history up to t-1 (SPEC 3, timing).
@@ -177,7 +186,7 @@ def make_simulator(config: SimConfig) -> Simulator:
                 state.rollout, bins_N, p_hat_N, allocate_key
             )
             n_N = jnp.where(flags.allocate, allocated_N, config.n_mean).astype(jnp.int32)
-            count_B = per_bin(jnp.ones_like(bins_N), bins_N)
+            count_B = per_group(jnp.ones_like(bins_N), bins_N, num_bins)
             q_B = prompt_adversary.distribution(state.prompt, count_B > 0)
             weight_N = jnp.where(
                 flags.reweight,
@@ -227,8 +236,8 @@ def make_simulator(config: SimConfig) -> Simulator:
                 scores=state.prompt.scores,
                 variance=info.variance_per_bin,
                 bin_count=count_B,
-                rollouts_per_bin=per_bin(n_N, bins_N),
-                rollouts_per_level=jax.ops.segment_sum(n_N, level_N - 1, num_levels),
+                rollouts_per_bin=per_group(n_N, bins_N, num_bins),
+                rollouts_per_level=per_group(n_N, level_N - 1, num_levels),
                 mu=info.mu,
                 lead_lag_gap=jnp.sum(bin_index_B * (q_B - share_B)),
                 mean_reward=jnp.mean(

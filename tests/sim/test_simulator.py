@@ -1,0 +1,311 @@
+"""Tests of the controller-dynamics simulator: learner, exact GRPO gradient, and the scan loop."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gdro_jax import sim
+
+TINY = sim.SimConfig(
+    steps=16,
+    num_prompts=8,
+    n_mean=4,
+    num_levels=6,
+    pool_size=24,
+    heldout_per_level=8,
+    classifier=dict(window=4),
+    rollout_gdro=dict(n_min=2, n_max=8),
+)
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+# ---------------------------------------------------------------- references written out in full
+
+
+def reference_success_prob(theta_L, level_P, offset_P):
+    """p = prod_{j < l} sigmoid(theta_j + c), written with a product (not the library's log-sum)."""
+    num_levels = theta_L.shape[0]
+    steps_PL = jax.nn.sigmoid(theta_L[None, :] + offset_P[:, None])
+    used_PL = np.arange(num_levels)[None, :] < np.asarray(level_P)[:, None]
+    return jnp.prod(jnp.where(used_PL, steps_PL, 1.0), axis=-1)
+
+
+def reference_advantages(reward_R, slot_R, num_prompts, scale_by_std, eps=1e-6, clip=5.0):
+    """GRPO advantages group by group in float64 numpy."""
+    advantage_R = np.zeros(len(reward_R))
+    for prompt in range(num_prompts):
+        members = np.flatnonzero(slot_R == prompt)
+        rewards = np.asarray(reward_R, np.float64)[members]
+        centred = rewards - rewards.mean()
+        if scale_by_std:
+            centred = centred / (rewards.std() + eps)
+        advantage_R[members] = np.clip(centred, -clip, clip)
+    return advantage_R
+
+
+def random_batch(seed, num_levels=6, n_N=(2, 5, 3, 7, 4, 3)):
+    rng = np.random.default_rng(seed)
+    n_N = np.asarray(n_N)
+    level_N = rng.integers(1, num_levels + 1, size=n_N.shape[0])
+    offset_N = rng.normal(size=n_N.shape[0])
+    theta_L = rng.normal(1.0, 1.0, size=num_levels)
+    slot_R = np.repeat(np.arange(n_N.shape[0]), n_N)
+    success_R = rng.random(slot_R.shape[0]) < 0.5
+    weight_N = rng.uniform(0.2, 3.0, size=n_N.shape[0])
+    return theta_L, level_N, offset_N, n_N, slot_R, success_R, weight_N
+
+
+# ---------------------------------------------------------------- learner and gradient
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("scale_by_std", [True, False])
+@pytest.mark.parametrize("rewards", [(1.0, -1.0), (1.0, 0.0)])
+def test_policy_gradient_equals_grad_of_sample_surrogate(seed, scale_by_std, rewards):
+    theta_L, level_N, offset_N, n_N, slot_R, success_R, weight_N = random_batch(seed)
+    reward_correct, reward_wrong = rewards
+    grad_L, stats = sim.grpo_policy_gradient(
+        theta_L,
+        level_N,
+        offset_N,
+        sim.slot_assignment(n_N, slot_R.shape[0]),
+        success_R,
+        weight_N,
+        reward_correct=reward_correct,
+        reward_wrong=reward_wrong,
+        scale_by_std=scale_by_std,
+    )
+    reward_R = np.where(success_R, reward_correct, reward_wrong)
+    advantage_R = reference_advantages(reward_R, slot_R, len(n_N), scale_by_std)
+    np.testing.assert_allclose(stats.advantage_R, advantage_R, atol=1e-5)
+
+    with jax.enable_x64(True):
+
+        def surrogate(theta):
+            p_N = reference_success_prob(theta, level_N, jnp.asarray(offset_N))
+            log_prob_R = jnp.where(success_R, jnp.log(p_N[slot_R]), jnp.log1p(-p_N[slot_R]))
+            return jnp.sum(weight_N[slot_R] * advantage_R * log_prob_R) / slot_R.shape[0]
+
+        expected_L = np.asarray(jax.grad(surrogate)(jnp.asarray(theta_L, jnp.float64)))
+    np.testing.assert_allclose(grad_L, expected_L, atol=1e-5, rtol=1e-5)
+
+
+def test_expected_dr_grpo_gradient_is_exact_gradient_of_expected_reward():
+    # For Dr.GRPO (no std scaling, no clipping active) the group-mean baseline gives
+    # E[sum_j (r_j - mean r) grad log P(y_j)] = (n - 1) grad E[r] = (n - 1)(r+ - r-) grad p.
+    # Enumerate every joint outcome of R = 9 slots to take the expectation exactly.
+    n_N = np.array([2, 3, 4])
+    theta_L, level_N, offset_N, _, slot_R, _, weight_N = random_batch(5, n_N=n_N)
+    num_slots = slot_R.shape[0]
+    outcomes_KR = np.array(list(itertools.product([False, True], repeat=num_slots)))
+    p_N = np.asarray(reference_success_prob(jnp.asarray(theta_L), level_N, jnp.asarray(offset_N)))
+    p_R = p_N[slot_R]
+    prob_K = np.prod(np.where(outcomes_KR, p_R, 1.0 - p_R), axis=1)
+
+    def gradient(success_R):
+        grad_L, _ = sim.grpo_policy_gradient(
+            theta_L, level_N, offset_N, slot_R, success_R, weight_N, scale_by_std=False
+        )
+        return grad_L
+
+    grads_KL = np.asarray(jax.vmap(gradient)(outcomes_KR), np.float64)
+    expected_L = prob_K @ grads_KL
+
+    with jax.enable_x64(True):
+
+        def expected_objective(theta):
+            p = reference_success_prob(theta, level_N, jnp.asarray(offset_N))
+            return jnp.sum(weight_N * (n_N - 1) * 2.0 * p) / num_slots
+
+        exact_L = np.asarray(jax.grad(expected_objective)(jnp.asarray(theta_L, jnp.float64)))
+    np.testing.assert_allclose(expected_L, exact_L, atol=1e-5, rtol=1e-5)
+
+
+def test_group_with_equal_rewards_has_zero_advantage_and_gradient():
+    theta_L, level_N, offset_N, n_N, slot_R, _, weight_N = random_batch(3)
+    success_R = np.ones(slot_R.shape[0], bool)
+    grad_L, stats = sim.grpo_policy_gradient(
+        theta_L, level_N, offset_N, slot_R, success_R, weight_N
+    )
+    assert np.all(np.asarray(stats.advantage_R) == 0.0)
+    assert np.all(np.asarray(grad_L) == 0.0)
+    assert not np.any(np.asarray(stats.informative_N))
+
+
+def test_success_prob_and_pass_at_k_match_numpy():
+    rng = np.random.default_rng(0)
+    theta_L = rng.normal(size=6)
+    level_P = rng.integers(1, 7, size=50)
+    offset_P = rng.normal(size=50)
+    p_P = np.asarray(sim.success_prob(theta_L, level_P, offset_P))
+    steps_PL = 1.0 / (1.0 + np.exp(-(theta_L[None, :] + offset_P[:, None])))
+    expected_P = np.array(
+        [np.prod(row[:level]) for row, level in zip(steps_PL, level_P, strict=True)]
+    )
+    np.testing.assert_allclose(p_P, expected_P, rtol=1e-5)
+    np.testing.assert_allclose(sim.exact_pass_at_k(p_P, 8), 1 - (1 - expected_P) ** 8, atol=1e-6)
+    per_level = np.asarray(sim.per_level_mean(p_P, level_P, 6))
+    for level in range(1, 7):
+        np.testing.assert_allclose(per_level[level - 1], p_P[level_P == level].mean(), rtol=1e-5)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    total=st.integers(8, 5000),
+    num_levels=st.integers(1, 8),
+    tail_base=st.floats(1.0, 3.0),
+)
+def test_level_counts_are_heavy_tailed_and_exact(total, num_levels, tail_base):
+    counts = sim.level_counts(total, num_levels, tail_base)
+    shares = sim.level_shares(num_levels, tail_base)
+    assert counts.sum() == total
+    assert np.all(counts >= 1)
+    # Shares fall geometrically by tail_base; counts follow them up to one prompt of rounding.
+    np.testing.assert_allclose(shares[1:] / shares[:-1], 1.0 / tail_base, rtol=1e-9)
+    assert np.all(np.abs(counts - 1 - shares * (total - num_levels)) <= 1.0)
+
+
+def test_skill_transfer_training_one_level_raises_the_next():
+    # Train only on level-3 prompts: skills 0..2 move, skills 3.. get exactly zero gradient, yet
+    # levels 4 and 5 improve, because they chain the same first three skills.
+    level, num_levels = 3, 6
+    theta0_L = sim.initial_skill_logits(num_levels, 2.0, 0.6)
+    train = sim.sample_prompt_set(
+        jax.random.key(0), np.eye(num_levels, dtype=int)[level - 1] * 32, 1.0
+    )
+    heldout = sim.sample_prompt_set(jax.random.key(1), np.full(num_levels, 64), 1.0)
+    slot_R = sim.slot_assignment(jnp.full((32,), 4), 128)
+
+    @jax.jit
+    def sgd_step(theta_L, key):
+        p_R = sim.success_prob(theta_L, train.level_P, train.offset_P)[slot_R]
+        success_R = jax.random.uniform(key, p_R.shape) < p_R
+        grad_L, _ = sim.grpo_policy_gradient(
+            theta_L, train.level_P, train.offset_P, slot_R, success_R, jnp.ones(32)
+        )
+        return theta_L + 0.5 * grad_L, grad_L
+
+    theta_L = theta0_L
+    for key in jax.random.split(jax.random.key(2), 25):
+        theta_L, grad_L = sgd_step(theta_L, key)
+        assert np.all(np.asarray(grad_L)[level:] == 0.0)
+
+    def pass_rates(theta):
+        p = sim.success_prob(theta, heldout.level_P, heldout.offset_P)
+        return np.asarray(sim.per_level_mean(p, heldout.level_P, num_levels))
+
+    before, after = pass_rates(theta0_L), pass_rates(theta_L)
+    np.testing.assert_array_equal(np.asarray(theta_L)[level:], np.asarray(theta0_L)[level:])
+    assert after[level] > before[level] + 0.02  # level 4 (index 3), never trained on
+    assert after[level + 1] > before[level + 1]  # level 5
+
+
+# ---------------------------------------------------------------- the scan loop
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """Every method on two batches of seeds, counting backend compilations meanwhile."""
+    simulator = sim.make_simulator(TINY)
+    keys_a, keys_b = sim.seed_keys(3, seed=0), sim.seed_keys(3, seed=1)
+    flags = {method: sim.method_flags(method) for method in sim.METHODS}
+    compiles = []
+
+    def listener(event, duration, **kwargs):
+        if event == COMPILE_EVENT:
+            compiles.append(duration)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        outputs = {m: jax.tree.map(np.asarray, simulator.run(f, keys_a)) for m, f in flags.items()}
+        for f in flags.values():
+            jax.block_until_ready(simulator.run(f, keys_b))
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    return dict(simulator=simulator, keys=keys_a, outputs=outputs, compiles=len(compiles))
+
+
+def test_whole_simulation_compiles_once_for_every_method_and_seed(runs):
+    # Four methods (different controller decisions) on two seed batches: one compilation.
+    assert runs["compiles"] == 1
+    assert runs["simulator"].run._cache_size() == 1
+
+
+def test_every_method_draws_exactly_r_rollouts_every_step(runs):
+    num_slots = TINY.num_slots
+    for method, output in runs["outputs"].items():
+        assert np.all(output.trace.rollouts_per_bin.sum(-1) == num_slots), method
+        assert np.all(output.trace.rollouts_per_level.sum(-1) == num_slots), method
+        assert np.all(output.trace.bin_count.sum(-1) == TINY.num_prompts), method
+        uniform = TINY.n_mean * output.trace.bin_count
+        if sim.METHODS[method][1]:
+            assert np.any(output.trace.rollouts_per_bin != uniform), method  # allocation moved
+        else:
+            np.testing.assert_array_equal(output.trace.rollouts_per_bin, uniform)
+
+
+def test_trace_is_well_formed_and_methods_share_random_numbers(runs):
+    outputs = runs["outputs"]
+    for output in outputs.values():
+        np.testing.assert_allclose(output.trace.q.sum(-1), 1.0, atol=1e-5)
+        assert np.all((output.trace.pass1 >= 0) & (output.trace.pass1 <= output.trace.pass_k))
+        assert np.all(output.trace.pass_k <= 1.0)
+        assert np.all(np.isfinite(output.final_theta))
+    # Common random numbers: before any controller acts differently, every method is identical.
+    first = {m: o.trace.pass1[:, 0] for m, o in outputs.items()}
+    for method in outputs:
+        np.testing.assert_array_equal(first[method], first["grpo"])
+    assert not np.allclose(outputs["gdro_both"].final_theta, outputs["grpo"].final_theta)
+
+
+def test_vmap_over_seeds_equals_each_seed_alone(runs):
+    simulator, keys = runs["simulator"], runs["keys"]
+    batched = runs["outputs"]["gdro_both"]
+    single = jax.jit(simulator.run_seed)
+    flags = sim.method_flags("gdro_both")
+    for index in range(keys.shape[0]):
+        alone = jax.tree.map(np.asarray, single(flags, keys[index]))
+        for name in ("bin_count", "rollouts_per_bin", "rollouts_per_level", "tokens"):
+            np.testing.assert_array_equal(
+                getattr(alone.trace, name), getattr(batched.trace, name)[index], err_msg=name
+            )
+        for name in ("q", "scores", "mu", "pass1", "pass_k", "mean_reward"):
+            np.testing.assert_allclose(
+                getattr(alone.trace, name),
+                getattr(batched.trace, name)[index],
+                rtol=1e-5,
+                atol=1e-6,
+                err_msg=name,
+            )
+        np.testing.assert_allclose(alone.final_theta, batched.final_theta[index], rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("steps", 0),
+        ("pool_size", 4),
+        ("tail_base", 0.5),
+        ("optimizer", "rmsprop"),
+        ("loss_signal", "kl"),
+        ("learning_rate", -1.0),
+        ("reward_wrong", 1.0),
+    ],
+)
+def test_bad_config_raises_value_error_naming_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        sim.SimConfig(**{field: value})
+
+
+def test_controller_arguments_set_by_the_simulator_are_rejected():
+    with pytest.raises(ValueError, match="rollout_gdro.n_mean"):
+        sim.SimConfig(rollout_gdro=dict(n_mean=8))
+    with pytest.raises(ValueError, match="unknown simulation config key 'stepz'"):
+        sim.SimConfig.from_mapping({"stepz": 3})
+    with pytest.raises(ValueError, match="method"):
+        sim.method_flags("ppo")
