@@ -9,6 +9,7 @@ def get_config() -> ml_collections.ConfigDict:
     config = sim_default.get_config()
     config.seeds = 2
     config.progress = False
+    config.fast_compile = True
     config.steps = 24
     config.num_prompts = 8
     config.num_levels = 6

@@ -15,7 +15,7 @@ Typical use:
 """
 
 from gdro_jax.sim._config import SimConfig
-from gdro_jax.sim._experiment import ExperimentResult, run_experiment
+from gdro_jax.sim._experiment import EXPERIMENT_KEYS, ExperimentResult, run_experiment
 from gdro_jax.sim._grpo import GroupStats, group_advantages, grpo_policy_gradient, slot_assignment
 from gdro_jax.sim._learner import (
     PromptSet,
@@ -46,6 +46,7 @@ from gdro_jax.sim._report import (
     summarize,
 )
 from gdro_jax.sim._simulate import (
+    FAST_COMPILE_OPTIONS,
     METHODS,
     MethodFlags,
     SimOutput,
@@ -59,6 +60,8 @@ from gdro_jax.sim._simulate import (
 )
 
 __all__ = [
+    "EXPERIMENT_KEYS",
+    "FAST_COMPILE_OPTIONS",
     "METHODS",
     "ExperimentResult",
     "GroupStats",

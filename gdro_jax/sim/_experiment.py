@@ -35,7 +35,7 @@ from gdro_jax.sim._report import Interval, format_table, paired_gain, summarize
 from gdro_jax.sim._simulate import SimOutput, simulate
 
 # Keys of the experiment config that are not `SimConfig` fields.
-EXPERIMENT_KEYS = ("seeds", "seed", "methods", "progress")
+EXPERIMENT_KEYS = ("seeds", "seed", "methods", "progress", "fast_compile")
 
 
 class ExperimentResult(NamedTuple):
@@ -65,7 +65,7 @@ def run_experiment(config: Mapping[str, Any], workdir: str) -> ExperimentResult:
     Args:
       config: a mapping (an `ml_collections.ConfigDict`) with the `SimConfig` fields plus
         `seeds` (number of seeds), `seed` (root seed), `methods` (names, or a comma-separated
-        string) and `progress` (show a tqdm bar).
+        string), `progress` (show a tqdm bar) and `fast_compile` (see `make_simulator`).
       workdir: output folder, created if missing.
 
     Returns:
@@ -87,6 +87,7 @@ def run_experiment(config: Mapping[str, Any], workdir: str) -> ExperimentResult:
         num_seeds=num_seeds,
         seed=int(config.get("seed", 0)),
         progress=bool(config.get("progress", False)),
+        fast_compile=bool(config.get("fast_compile", False)),
     )
     seconds = time.perf_counter() - start
 

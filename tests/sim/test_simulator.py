@@ -211,7 +211,7 @@ def test_skill_transfer_training_one_level_raises_the_next():
 @pytest.fixture(scope="module")
 def runs():
     """Every method on two batches of seeds, counting backend compilations meanwhile."""
-    simulator = sim.make_simulator(TINY)
+    simulator = sim.make_simulator(TINY, fast_compile=True)
     keys_a, keys_b = sim.seed_keys(3, seed=0), sim.seed_keys(3, seed=1)
     flags = {method: sim.method_flags(method) for method in sim.METHODS}
     compiles = []
@@ -266,7 +266,7 @@ def test_trace_is_well_formed_and_methods_share_random_numbers(runs):
 def test_vmap_over_seeds_equals_each_seed_alone(runs):
     simulator, keys = runs["simulator"], runs["keys"]
     batched = runs["outputs"]["gdro_both"]
-    single = jax.jit(simulator.run_seed)
+    single = jax.jit(simulator.run_seed, compiler_options=sim.FAST_COMPILE_OPTIONS)
     flags = sim.method_flags("gdro_both")
     for index in range(keys.shape[0]):
         alone = jax.tree.map(np.asarray, single(flags, keys[index]))
