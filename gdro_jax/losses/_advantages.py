@@ -1,0 +1,189 @@
+"""Group-relative advantages over ragged groups, and Prompt-GDRO's per-prompt multipliers.
+
+A step has a fixed number of rollout slots `R = N * n_mean` (SPEC 6); `prompt_of_slot_R` says
+which of the `N` prompts each slot belongs to, and prompts may own different numbers of slots
+(Rollout-GDRO). Every group statistic is therefore a segment reduction over slots with
+`num_segments = N`, never a reshape to `[N, n]`. For prompt `i` with valid slots `j`:
+
+    A_ij = clip((r_ij - mean_i r) / (std_i r + eps), -clip, clip)      (GRPO, SPEC 2)
+    A_ij = clip( r_ij - mean_i r,                     -clip, clip)      (Dr.GRPO)
+
+where `std_i` is the population standard deviation of the group (divide by `n_i`, not `n_i - 1`),
+as in DeepSeekMath's and Dr.GRPO's released code. A group whose rewards are all equal (including a
+group of one) gets advantage exactly 0: it is enforced with a `where`, since `r - mean` can be a
+rounding error away from 0 in float32.
+
+References:
+  Shao et al., 2024, "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language
+  Models" (GRPO), arXiv 2402.03300, section 4.1.2 (outcome supervision).
+  Liu et al., 2025, "Understanding R1-Zero-Like Training: A Critical Perspective" (Dr.GRPO),
+  arXiv 2503.20783, section 3.1.
+  Panaganti et al., 2026, arXiv 2601.19280, Prompt-GDRO `reweight` realisation.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+from jax.typing import ArrayLike
+
+from gdro_jax.losses._validation import check_at_least, check_positive
+
+
+class GroupStats(NamedTuple):
+    """Per-prompt statistics of one step's rollout groups, over valid slots only."""
+
+    mean_N: jax.Array  # [N] float32 mean reward of the group (0 for an empty group)
+    std_N: jax.Array  # [N] float32 population standard deviation of the rewards (0 when empty)
+    count_N: jax.Array  # [N] int32 number of valid slots of the group
+    informative_N: jax.Array  # [N] bool rewards not all equal, so some advantage is non-zero
+
+
+def _slot_inputs(
+    values_R: ArrayLike, prompt_of_slot_R: ArrayLike, valid_R: ArrayLike | None
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Casts and checks `[R]` slot arrays: `(values_R f32, prompt_of_slot_R i32, valid_R bool)`."""
+    values_R = jnp.asarray(values_R, jnp.float32)
+    prompt_of_slot_R = jnp.asarray(prompt_of_slot_R, jnp.int32)
+    chex.assert_rank([values_R, prompt_of_slot_R], 1)
+    chex.assert_equal_shape([values_R, prompt_of_slot_R])
+    if valid_R is None:
+        valid_R = jnp.ones(values_R.shape, bool)
+    else:
+        valid_R = jnp.asarray(valid_R, bool)
+        chex.assert_equal_shape([values_R, valid_R])
+    return values_R, prompt_of_slot_R, valid_R
+
+
+def segment_mean(
+    values_R: jax.Array, weights_R: jax.Array, prompt_of_slot_R: jax.Array, num_prompts: int
+) -> tuple[jax.Array, jax.Array]:
+    """`(sum_j w_j v_j / max(sum_j w_j, 1), sum_j w_j)` per prompt, by segment sums."""
+    total_N = jax.ops.segment_sum(weights_R * values_R, prompt_of_slot_R, num_segments=num_prompts)
+    weight_N = jax.ops.segment_sum(weights_R, prompt_of_slot_R, num_segments=num_prompts)
+    return total_N / jnp.maximum(weight_N, 1.0), weight_N
+
+
+def group_statistics(
+    rewards_R: ArrayLike,
+    prompt_of_slot_R: ArrayLike,
+    num_prompts: int,
+    *,
+    valid_R: ArrayLike | None = None,
+) -> GroupStats:
+    """Mean, population standard deviation, size and informativeness of every prompt's group.
+
+    `informative_N[i]` is exact (largest reward > smallest reward among the valid slots), so the
+    fraction of groups with a non-zero advantage (SPEC 10) is `informative_fraction(stats)`.
+
+    Args:
+      rewards_R: float[R] reward of each rollout slot.
+      prompt_of_slot_R: int[R] prompt of each slot, in `0..num_prompts-1`.
+      num_prompts: `N`, the static number of segments.
+      valid_R: optional bool[R]; invalid slots (padding, failed rollouts) are left out of every
+        statistic. Default: all valid.
+
+    Returns:
+      A `GroupStats` of `[N]` arrays.
+    """
+    rewards_R, prompt_of_slot_R, valid_R = _slot_inputs(rewards_R, prompt_of_slot_R, valid_R)
+    weights_R = valid_R.astype(jnp.float32)
+    mean_N, count_N = segment_mean(rewards_R, weights_R, prompt_of_slot_R, num_prompts)
+    # Two-pass (centred) variance: sum(r^2)/n - mean^2 cancels catastrophically in float32.
+    centred_R = rewards_R - mean_N[prompt_of_slot_R]
+    var_N, _ = segment_mean(centred_R**2, weights_R, prompt_of_slot_R, num_prompts)
+    max_N = jax.ops.segment_max(
+        jnp.where(valid_R, rewards_R, -jnp.inf), prompt_of_slot_R, num_segments=num_prompts
+    )
+    min_N = jax.ops.segment_min(
+        jnp.where(valid_R, rewards_R, jnp.inf), prompt_of_slot_R, num_segments=num_prompts
+    )
+    return GroupStats(
+        mean_N=mean_N,
+        std_N=jnp.sqrt(var_N),
+        count_N=count_N.astype(jnp.int32),
+        informative_N=max_N > min_N,
+    )
+
+
+def informative_fraction(stats: GroupStats) -> jax.Array:
+    """Fraction of non-empty groups whose advantages are not all zero, float32[] (SPEC 10)."""
+    non_empty_N = stats.count_N > 0
+    num_informative = jnp.sum(stats.informative_N & non_empty_N)
+    return num_informative / jnp.maximum(jnp.sum(non_empty_N), 1).astype(jnp.float32)
+
+
+def group_advantages(
+    rewards_R: ArrayLike,
+    prompt_of_slot_R: ArrayLike,
+    num_prompts: int,
+    *,
+    normalize_std: bool = True,
+    eps: float = 1e-6,
+    clip: float = 5.0,
+    valid_R: ArrayLike | None = None,
+) -> jax.Array:
+    """Group-relative advantages of ragged groups (GRPO, or Dr.GRPO without the std division).
+
+        A_ij = clip((r_ij - mean_i r) / (std_i r + eps), -clip, clip)   if normalize_std
+        A_ij = clip( r_ij - mean_i r,                     -clip, clip)   otherwise (Dr.GRPO)
+
+    with the population standard deviation `std_i = sqrt(mean_j (r_ij - mean_i r)^2)`. A group
+    whose valid rewards are all equal (a group of one included) gets exactly 0; invalid slots get 0.
+
+    Args:
+      rewards_R: float[R] reward of each rollout slot.
+      prompt_of_slot_R: int[R] prompt of each slot, in `0..num_prompts-1`.
+      num_prompts: `N`, the static number of segments.
+      normalize_std: divide by the group's standard deviation (GRPO) or not (Dr.GRPO).
+      eps: `>= 0`, added to the standard deviation.
+      clip: `> 0`, advantages are clipped to `[-clip, clip]` (SPEC 2: 5).
+      valid_R: optional bool[R]; invalid slots are left out of the group statistics and get 0.
+
+    Returns:
+      float32[R] advantages.
+
+    Raises:
+      ValueError: naming the parameter when `eps < 0` or `clip <= 0`.
+
+    References:
+      Shao et al., 2024, arXiv 2402.03300, section 4.1.2; Liu et al., 2025, arXiv 2503.20783,
+      section 3.1 (Dr.GRPO drops the std normalisation); SPEC 2.
+    """
+    eps = check_at_least("eps", eps, 0.0)
+    clip = check_positive("clip", clip)
+    rewards_R, prompt_of_slot_R, valid_R = _slot_inputs(rewards_R, prompt_of_slot_R, valid_R)
+    stats = group_statistics(rewards_R, prompt_of_slot_R, num_prompts, valid_R=valid_R)
+    adv_R = rewards_R - stats.mean_N[prompt_of_slot_R]
+    if normalize_std:
+        adv_R = adv_R / (stats.std_N[prompt_of_slot_R] + eps)
+    keep_R = valid_R & stats.informative_N[prompt_of_slot_R]
+    return jnp.where(keep_R, jnp.clip(adv_R, -clip, clip), 0.0)
+
+
+def weighted_advantages(
+    adv_R: ArrayLike, prompt_of_slot_R: ArrayLike, weights_N: ArrayLike
+) -> jax.Array:
+    """Prompt-GDRO reweighting: each slot's advantage times its prompt's multiplier.
+
+        A'_ij = w_i * A_ij
+
+    Args:
+      adv_R: float[R] advantages (from `group_advantages`).
+      prompt_of_slot_R: int[R] prompt of each slot, in `0..N-1`.
+      weights_N: float[N] multipliers, e.g. `gdro_jax.controllers.prompt_gdro(...).weights(...)`
+        (mean 1 over responses, capped at `omega_max`).
+
+    Returns:
+      float32[R] weighted advantages.
+
+    References:
+      Panaganti et al., 2026, arXiv 2601.19280, Prompt-GDRO `reweight`; SPEC 4.
+    """
+    adv_R, prompt_of_slot_R, _ = _slot_inputs(adv_R, prompt_of_slot_R, None)
+    weights_N = jnp.asarray(weights_N, jnp.float32)
+    chex.assert_rank(weights_N, 1)
+    return adv_R * weights_N[prompt_of_slot_R]
