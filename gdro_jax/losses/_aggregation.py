@@ -1,0 +1,91 @@
+"""Reducing per-token losses to a scalar: the three aggregations of SPEC 2.
+
+With `m_it` the valid-token mask, `L_i = sum_t m_it` the length of sequence `i`, and `S` the set of
+sequences with at least one valid token:
+
+    token_mean               sum_it m_it x_it / sum_it m_it                  (DAPO)
+    seq_mean_token_mean      (1/|S|) sum_{i in S} (sum_t m_it x_it / L_i)   (original GRPO)
+    seq_mean_token_sum_norm  (1/|S|) sum_{i in S} (sum_t m_it x_it / L_max) (Dr.GRPO)
+
+`token_mean` weighs every token equally, so long responses count more; `seq_mean_token_mean`
+weighs every response equally, which biases towards short correct and long wrong answers;
+`seq_mean_token_sum_norm` divides by a constant `L_max` (the maximum response length), which
+removes that length bias. Deviation, shared by the sequence modes: the mean over sequences skips
+fully masked slots (padding), where the references average over every row of the batch; with no
+masked slot the two agree. An all-masked batch aggregates to 0.
+
+References:
+  Yu et al., 2025 (DAPO), arXiv 2503.14476, section 3.3 (token-level policy-gradient loss).
+  Shao et al., 2024 (GRPO), arXiv 2402.03300, eq. 3.
+  Liu et al., 2025 (Dr.GRPO), arXiv 2503.20783, section 3.1 (constant normaliser).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.typing import ArrayLike
+
+from gdro_jax.losses._validation import check_choice, check_positive, check_token_arrays
+
+AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+
+
+def check_aggregation(mode: str, max_length: float | None, *, name: str = "mode") -> float | None:
+    """Validates an aggregation mode (the parameter called `name`) and its `max_length`.
+
+    Returns:
+      `max_length` as a float for "seq_mean_token_sum_norm", else None.
+    """
+    check_choice(name, mode, AGGREGATIONS)
+    if mode == "seq_mean_token_sum_norm":
+        if max_length is None:
+            raise ValueError(
+                f"max_length is required for {name}='seq_mean_token_sum_norm', got max_length=None"
+            )
+        return check_positive("max_length", max_length)
+    return None
+
+
+def aggregate(
+    per_token_RT: ArrayLike,
+    mask_RT: ArrayLike,
+    *,
+    mode: str,
+    max_length: float | None = None,
+) -> jax.Array:
+    """Aggregates per-token values into a scalar (see the module docstring for the equations).
+
+    Args:
+      per_token_RT: float[R, T] per-token values (losses, KL estimates, ...).
+      mask_RT: [R, T] bool (or 0/1) valid-token mask; masked tokens contribute nothing, even if
+        their values are NaN.
+      mode: one of `AGGREGATIONS`: "token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm".
+      max_length: the constant normaliser `L_max > 0` of "seq_mean_token_sum_norm" (required
+        there, ignored otherwise); usually the maximum response length `T`.
+
+    Returns:
+      float32[] the aggregate.
+
+    Raises:
+      ValueError: naming `mode` for an unknown mode, or `max_length` when it is missing or <= 0
+        for "seq_mean_token_sum_norm"; on mismatched shapes.
+
+    References:
+      DAPO, arXiv 2503.14476, section 3.3; GRPO, arXiv 2402.03300, eq. 3; Dr.GRPO,
+      arXiv 2503.20783, section 3.1.
+    """
+    max_length = check_aggregation(mode, max_length)
+    per_token_RT = jnp.asarray(per_token_RT, jnp.float32)
+    mask_RT = jnp.asarray(mask_RT).astype(bool)
+    check_token_arrays(mask_RT, per_token_RT=per_token_RT)
+    values_RT = jnp.where(mask_RT, per_token_RT, 0.0)
+    tokens_R = jnp.sum(mask_RT, axis=-1, dtype=jnp.float32)
+    if mode == "token_mean":
+        return jnp.sum(values_RT) / jnp.maximum(jnp.sum(tokens_R), 1.0)
+    if mode == "seq_mean_token_mean":
+        per_sequence_R = jnp.sum(values_RT, axis=-1) / jnp.maximum(tokens_R, 1.0)
+    else:
+        per_sequence_R = jnp.sum(values_RT, axis=-1) / max_length
+    num_sequences = jnp.sum(tokens_R > 0, dtype=jnp.float32)
+    return jnp.sum(per_sequence_R) / jnp.maximum(num_sequences, 1.0)
