@@ -1,0 +1,43 @@
+"""GRPO losses as pure functions of arrays: advantages, clipped surrogate, KL, aggregation.
+
+Everything here is a pure, jittable function of `jnp` arrays with static hyperparameters, built
+for static-shape rollouts (SPEC 6): a step has `R` rollout slots, `prompt_of_slot_R` maps each to
+one of `N` prompts (groups may be ragged), token arrays are `[R, T]` with a valid-token mask, and
+group statistics are segment reductions.
+
+- `group_advantages`, `group_statistics`, `informative_fraction`: GRPO / Dr.GRPO advantages over
+  ragged groups and the per-group statistics behind them.
+- `weighted_advantages`: Prompt-GDRO's per-prompt advantage multipliers applied to the slots.
+- `clipped_surrogate`, `k3_kl`: per-token clipped surrogate (clip-higher) and k3 KL estimate.
+- `aggregate`: the three loss aggregations (`AGGREGATIONS`).
+- `policy_loss`: the mini-batch loss with its metrics.
+- `prompt_loss_signal`: Prompt-GDRO's per-prompt loss signals (`SIGNALS`).
+"""
+
+from gdro_jax.losses._advantages import (
+    GroupStats,
+    group_advantages,
+    group_statistics,
+    informative_fraction,
+    weighted_advantages,
+)
+from gdro_jax.losses._aggregation import AGGREGATIONS, aggregate
+from gdro_jax.losses._policy_loss import policy_loss
+from gdro_jax.losses._signals import SIGNALS, prompt_loss_signal
+from gdro_jax.losses._surrogate import SurrogateStats, clipped_surrogate, k3_kl
+
+__all__ = [
+    "AGGREGATIONS",
+    "SIGNALS",
+    "GroupStats",
+    "SurrogateStats",
+    "aggregate",
+    "clipped_surrogate",
+    "group_advantages",
+    "group_statistics",
+    "informative_fraction",
+    "k3_kl",
+    "policy_loss",
+    "prompt_loss_signal",
+    "weighted_advantages",
+]
