@@ -1,0 +1,163 @@
+"""Group advantages over ragged segments and Prompt-GDRO weighting against a loop reference."""
+
+import functools
+
+import jax
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gdro_jax.losses import (
+    group_advantages,
+    group_statistics,
+    informative_fraction,
+    weighted_advantages,
+)
+
+
+def reference_advantages(rewards, slots, num_prompts, *, normalize_std, eps, clip, valid=None):
+    """Per prompt: gather its valid rewards, centre, scale by the population std, clip."""
+    rewards = np.asarray(rewards, np.float64)
+    valid = np.ones(len(rewards), bool) if valid is None else np.asarray(valid, bool)
+    adv = np.zeros(len(rewards))
+    for prompt in range(num_prompts):
+        members = [j for j in range(len(rewards)) if slots[j] == prompt and valid[j]]
+        group = [rewards[j] for j in members]
+        if not group or max(group) == min(group):
+            continue
+        mean = sum(group) / len(group)
+        std = (sum((r - mean) ** 2 for r in group) / len(group)) ** 0.5
+        for j in members:
+            value = rewards[j] - mean
+            if normalize_std:
+                value /= std + eps
+            adv[j] = min(max(value, -clip), clip)
+    return adv
+
+
+def reference_stats(rewards, slots, num_prompts, valid):
+    mean, std, count, informative = [], [], [], []
+    for prompt in range(num_prompts):
+        group = [rewards[j] for j in range(len(rewards)) if slots[j] == prompt and valid[j]]
+        count.append(len(group))
+        mean.append(sum(group) / len(group) if group else 0.0)
+        std.append(float(np.sqrt(np.mean((np.array(group) - mean[-1]) ** 2))) if group else 0.0)
+        informative.append(bool(group) and max(group) > min(group))
+    return np.array(mean), np.array(std), np.array(count), np.array(informative)
+
+
+# Ragged groups: prompt 0 has 3 slots, 1 has 5 (all equal, 0.1 is inexact in float32), 2 has 1,
+# 3 has 6 (31-to-1 would clip; here a 5-to-1 split), 4 has none, 5 has 4 with one invalid slot.
+SLOTS = np.array([0, 0, 0, 1, 1, 1, 1, 1, 2, 3, 3, 3, 3, 3, 3, 5, 5, 5, 5], np.int32)
+REWARDS = np.array([1, -1, 1, 0.1, 0.1, 0.1, 0.1, 0.1, 1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 7], np.float32)
+VALID = np.array([True] * 18 + [False])
+NUM_PROMPTS = 6
+
+
+@functools.partial(jax.jit, static_argnames=("num_prompts", "normalize_std", "clip"))
+def jitted_advantages(rewards, slots, valid, num_prompts, normalize_std, clip=5.0):
+    return group_advantages(
+        rewards, slots, num_prompts, normalize_std=normalize_std, clip=clip, valid_R=valid
+    )
+
+
+@pytest.mark.parametrize("normalize_std", [True, False])
+def test_ragged_groups_match_the_loop_reference(normalize_std):
+    expected = reference_advantages(
+        REWARDS, SLOTS, NUM_PROMPTS, normalize_std=normalize_std, eps=1e-6, clip=5.0, valid=VALID
+    )
+    got = jitted_advantages(REWARDS, SLOTS, VALID, NUM_PROMPTS, normalize_std)
+    np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_all_equal_groups_single_slots_and_invalid_slots_get_exactly_zero():
+    for normalize_std in (True, False):
+        adv = np.asarray(jitted_advantages(REWARDS, SLOTS, VALID, NUM_PROMPTS, normalize_std))
+        assert np.all(adv[3:9] == 0.0)  # all-equal group of 0.1s and the group of one
+        assert adv[18] == 0.0  # invalid slot
+
+
+def test_invalid_slot_reward_does_not_change_any_advantage():
+    changed = REWARDS.copy()
+    changed[18] = -100.0
+    np.testing.assert_array_equal(
+        np.asarray(jitted_advantages(REWARDS, SLOTS, VALID, NUM_PROMPTS, True)),
+        np.asarray(jitted_advantages(changed, SLOTS, VALID, NUM_PROMPTS, True)),
+    )
+
+
+def test_grpo_advantages_are_standardised_within_each_informative_group():
+    adv = np.asarray(jitted_advantages(REWARDS, SLOTS, VALID, NUM_PROMPTS, True), np.float64)
+    for members in ([0, 1, 2], [9, 10, 11, 12, 13, 14], [15, 16, 17]):
+        assert abs(adv[members].sum()) < 1e-5
+        # Population variance 1, up to eps = 1e-6 in the denominator.
+        assert abs(np.mean(adv[members] ** 2) - 1.0) < 1e-4
+
+
+def test_clip_binds_on_a_lone_success_in_a_large_group():
+    rewards = np.array([1.0] + [0.0] * 30, np.float32)
+    slots = np.zeros(31, np.int32)
+    adv = np.asarray(jitted_advantages(rewards, slots, np.ones(31, bool), 1, True))
+    expected = reference_advantages(rewards, slots, 1, normalize_std=True, eps=1e-6, clip=5.0)
+    assert expected[0] == 5.0  # unclipped value (30/31)/sqrt(30/31^2) = sqrt(30) > 5
+    np.testing.assert_allclose(adv, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_group_statistics_population_std_counts_and_informative_fraction():
+    stats = jax.jit(group_statistics, static_argnums=2)(REWARDS, SLOTS, NUM_PROMPTS, valid_R=VALID)
+    mean, std, count, informative = reference_stats(REWARDS, SLOTS, NUM_PROMPTS, VALID)
+    np.testing.assert_allclose(np.asarray(stats.mean_N), mean, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(stats.std_N), std, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(stats.count_N), count)
+    np.testing.assert_array_equal(np.asarray(stats.informative_N), informative)
+    # Non-empty groups 0, 1, 2, 3, 5; informative 0, 3, 5.
+    assert float(informative_fraction(stats)) == pytest.approx(3 / 5, abs=1e-7)
+
+
+def test_weights_multiply_each_slot_by_its_prompts_weight():
+    adv = np.asarray(jitted_advantages(REWARDS, SLOTS, VALID, NUM_PROMPTS, True))
+    weights = np.array([0.5, 2.0, 3.0, 1.5, 9.0, 0.25], np.float32)
+    got = np.asarray(jax.jit(weighted_advantages)(adv, SLOTS, weights))
+    expected = np.array([adv[j] * weights[SLOTS[j]] for j in range(len(adv))])
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
+def test_jit_equals_eager():
+    eager = group_advantages(REWARDS, SLOTS, NUM_PROMPTS, valid_R=VALID)
+    jitted = jitted_advantages(REWARDS, SLOTS, VALID, NUM_PROMPTS, True)
+    np.testing.assert_allclose(np.asarray(eager), np.asarray(jitted), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [({"eps": -1e-3}, "eps"), ({"clip": 0.0}, "clip"), ({"clip": -1.0}, "clip")],
+)
+def test_bad_hyperparameters_raise_naming_the_parameter(kwargs, name):
+    with pytest.raises(ValueError, match=rf"{name}={list(kwargs.values())[0]}"):
+        group_advantages(REWARDS, SLOTS, NUM_PROMPTS, **kwargs)
+
+
+def test_mismatched_shapes_raise():
+    with pytest.raises(AssertionError):
+        group_advantages(REWARDS, SLOTS[:-1], NUM_PROMPTS)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    data=st.lists(
+        st.tuples(st.integers(0, 4), st.sampled_from([-1.0, 0.0, 0.5, 1.0]), st.booleans()),
+        min_size=16,
+        max_size=16,
+    ),
+    normalize_std=st.booleans(),
+)
+def test_random_ragged_groups_match_the_reference(data, normalize_std):
+    slots = np.array([d[0] for d in data], np.int32)
+    rewards = np.array([d[1] for d in data], np.float32)
+    valid = np.array([d[2] for d in data])
+    expected = reference_advantages(
+        rewards, slots, 5, normalize_std=normalize_std, eps=1e-6, clip=2.0, valid=valid
+    )
+    got = jitted_advantages(rewards, slots, valid, 5, normalize_std, clip=2.0)
+    np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-5, atol=1e-6)
