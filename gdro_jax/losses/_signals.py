@@ -107,10 +107,9 @@ def prompt_loss_signal(
             raise ValueError(
                 f"correct_R must have shape {prompt_of_slot_R.shape}, got {correct_R.shape}"
             )
-        accuracy_N, _ = segment_mean(
+        accuracy_N, count_N = segment_mean(
             correct_R, valid_R.astype(jnp.float32), prompt_of_slot_R, num_prompts
         )
-        count_N = jax.ops.segment_sum(valid_R, prompt_of_slot_R, num_segments=num_prompts)
         return jnp.where(count_N > 0, 1.0 - accuracy_N, 0.0)
 
     _require(kind, logp_RT=logp_RT, old_logp_RT=old_logp_RT, adv_R=adv_R, mask_RT=mask_RT)

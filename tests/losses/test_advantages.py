@@ -161,3 +161,19 @@ def test_random_ragged_groups_match_the_reference(data, normalize_std):
     )
     got = jitted_advantages(rewards, slots, valid, 5, normalize_std, clip=2.0)
     np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_slots_sharded_over_eight_devices_give_the_same_advantages():
+    # Auto axes, as the project's meshes (gdro_jax.models.make_mesh): the compiler propagates.
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    rng = np.random.default_rng(1)
+    slots = np.sort(rng.integers(0, 5, size=32)).astype(np.int32)
+    rewards = rng.choice([-1.0, 1.0], size=32).astype(np.float32)
+    valid = rng.random(32) > 0.1
+    sharded = [jax.device_put(x, sharding) for x in (rewards, slots, valid)]
+    got = jitted_advantages(*sharded, 5, True)
+    expected = reference_advantages(
+        rewards, slots, 5, normalize_std=True, eps=1e-6, clip=5.0, valid=valid
+    )
+    np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-5, atol=1e-6)
