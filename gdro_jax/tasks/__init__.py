@@ -1,23 +1,31 @@
 """The project's own CPU-sized reasoning task: chains of single-digit operations (SPEC 11).
 
 A level-`l` problem is a start digit and `l` operations (`+ - *` with a digit, mod 10, left to
-right) with a worked solution written one step at a time. Levels 1..L (6 to 12) share one table
-of steps, the training pool is heavy-tailed in the level, and validation/test splits are held out
-by content.
+right); the model writes a worked solution one step at a time, graded by exact match of the whole
+chain. Levels 1..L (6 to 12) share one table of steps, the training pool is heavy-tailed in the
+level, and validation/test splits are held out by content.
+
+Typical use:
+
+    config = tasks.ChainTaskConfig(num_levels=8, tail_base=1.5,
+                                   pool_size=tasks.pool_size_for(steps=80, prompts_per_step=64))
+    splits = tasks.build_splits(config)                 # train / validation / test row dicts
+    pool = tasks.encode_rows(splits.train, config)      # prompt and gold-solution token arrays
+    tasks.save_tokenizer(workdir / "tokenizer")         # AutoTokenizer.from_pretrained-able
+    reward_R = tasks.solution_reward(result.tokens, pool.solution_tokens[prompt_of_slot],
+                                     completion_lengths=result.lengths, reward_values=(-1.0, 1.0))
+    warm = tasks.supervised_arrays(tasks.pretraining_rows(config, 51_200, seed=0), config)
 """
 
-from gdro_jax.tasks._chains import (
+from gdro_jax.tasks._chains import ChainSplits, build_splits, make_problem, pretraining_rows
+from gdro_jax.tasks._config import (
     MAX_LEVELS,
     MIN_LEVELS,
     OPERATIONS,
-    ChainSplits,
     ChainTaskConfig,
-    build_splits,
     level_counts,
     level_shares,
-    make_problem,
     pool_size_for,
-    pretraining_rows,
     problem_space_size,
 )
 
