@@ -17,6 +17,7 @@ Typical use:
     warm = tasks.supervised_arrays(tasks.pretraining_rows(config, 51_200, seed=0), config)
 """
 
+from gdro_jax.tasks._arrays import ChainArrays, SupervisedArrays, encode_rows, supervised_arrays
 from gdro_jax.tasks._chains import ChainSplits, build_splits, make_problem, pretraining_rows
 from gdro_jax.tasks._config import (
     MAX_LEVELS,
@@ -28,18 +29,54 @@ from gdro_jax.tasks._config import (
     pool_size_for,
     problem_space_size,
 )
+from gdro_jax.tasks._tokenizer import (
+    BOS_ID,
+    BOS_TOKEN,
+    EOS_ID,
+    EOS_TOKEN,
+    PAD_ID,
+    PAD_TOKEN,
+    SYMBOLS,
+    VOCAB,
+    VOCAB_SIZE,
+    build_tokenizer,
+    decode,
+    encode_prompts,
+    encode_solutions,
+    hf_tokenizer,
+    save_tokenizer,
+)
 
 __all__ = [
+    "BOS_ID",
+    "BOS_TOKEN",
+    "EOS_ID",
+    "EOS_TOKEN",
     "MAX_LEVELS",
     "MIN_LEVELS",
     "OPERATIONS",
+    "PAD_ID",
+    "PAD_TOKEN",
+    "SYMBOLS",
+    "VOCAB",
+    "VOCAB_SIZE",
+    "ChainArrays",
     "ChainSplits",
     "ChainTaskConfig",
+    "SupervisedArrays",
     "build_splits",
+    "build_tokenizer",
+    "decode",
+    "encode_prompts",
+    "encode_rows",
+    "encode_solutions",
+    "hf_tokenizer",
     "level_counts",
     "level_shares",
     "make_problem",
     "pool_size_for",
     "pretraining_rows",
     "problem_space_size",
+    "save_tokenizer",
+    "supervised_arrays",
 ]
