@@ -22,6 +22,13 @@ def _panels(num_methods: int, height: float = 3.2) -> tuple[Figure, np.ndarray]:
     return fig, axes[0]
 
 
+def _role(label: str, index: int, applied: str, not_applied: str) -> str:
+    """Returns " (applied)" or " (observed)" for a method name, "" for other labels."""
+    if label not in METHODS:
+        return ""
+    return f" ({applied if METHODS[label][index] else not_applied})"
+
+
 def _smooth(values_T: np.ndarray, window: int) -> np.ndarray:
     """Trailing moving average over steps (window 1: unchanged), same length."""
     if window <= 1:
@@ -35,7 +42,8 @@ def plot_q_heatmap(outputs: Mapping[str, SimOutput]) -> Figure:
     """Heatmap of Prompt-GDRO's distribution q over step x bin, mean over seeds, per method.
 
     Methods that do not apply Prompt-GDRO still show the q it would play on their data
-    ("observed"). Bin 0 is the hardest.
+    ("observed"). Bin 0 is the hardest. Keys that are not method names (e.g. sweep labels) are
+    used as panel titles as they are.
     """
     fig, axes = _panels(len(outputs))
     for ax, (method, output) in zip(axes, outputs.items(), strict=True):
@@ -43,8 +51,7 @@ def plot_q_heatmap(outputs: Mapping[str, SimOutput]) -> Figure:
         image = ax.imshow(
             q_TB.T, aspect="auto", origin="lower", cmap="magma", vmin=0.0, interpolation="nearest"
         )
-        applied = METHODS.get(method, (False, False))[0]
-        ax.set_title(f"{method}: q ({'applied' if applied else 'observed'})")
+        ax.set_title(f"{method}: q{_role(method, 0, 'applied', 'observed')}")
         ax.set_xlabel("step")
         ax.set_ylabel("bin (0 = hardest)")
         fig.colorbar(image, ax=ax, fraction=0.05)
@@ -64,8 +71,7 @@ def plot_rollouts_per_bin(outputs: Mapping[str, SimOutput], smooth: int = 5) -> 
             colors=colors,
             labels=[f"bin {b}" for b in range(num_bins)],
         )
-        applied = METHODS.get(method, (False, False))[1]
-        ax.set_title(f"{method}: rollouts per bin ({'allocated' if applied else 'uniform'})")
+        ax.set_title(f"{method}: rollouts per bin{_role(method, 1, 'allocated', 'uniform')}")
         ax.set_xlabel("step")
         ax.set_ylabel("rollouts (sum = R)")
         ax.margins(x=0, y=0)

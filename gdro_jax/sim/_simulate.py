@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from gdro_jax.controllers import passk_classifier, prompt_gdro, rollout_gdro
 from gdro_jax.sim._config import SimConfig

@@ -1,5 +1,6 @@
 """Tests of the controller-dynamics simulator: learner, exact GRPO gradient, and the scan loop."""
 
+import dataclasses
 import itertools
 
 import jax
@@ -309,3 +310,15 @@ def test_controller_arguments_set_by_the_simulator_are_rejected():
         sim.SimConfig.from_mapping({"stepz": 3})
     with pytest.raises(ValueError, match="method"):
         sim.method_flags("ppo")
+
+
+def test_surrogate_loss_signal_is_zero_at_ratio_one_so_q_stays_uniform():
+    # SPEC 4: at ratio 1 the GRPO advantages of a prompt sum to zero, so the released code's
+    # surrogate signal gives Prompt-GDRO nothing to act on: scores stay 0, q uniform over bins.
+    config = dataclasses.replace(TINY, loss_signal="surrogate", steps=12)
+    simulator = sim.make_simulator(config, fast_compile=True)
+    output = simulator.run(sim.method_flags("prompt_gdro"), sim.seed_keys(2))
+    np.testing.assert_allclose(output.trace.scores, 0.0, atol=1e-5)
+    present = np.asarray(output.trace.bin_count) > 0
+    uniform = present / present.sum(-1, keepdims=True)
+    np.testing.assert_allclose(output.trace.q, uniform, atol=1e-5)
