@@ -341,7 +341,8 @@ class Decoder(nnx.Module):
         c, s, mesh = self.config, self.sharding, self.mesh
         cdt = jnp.dtype(c.compute_dtype)
         tokens_BT = constrain(tokens_BT, s.tokens_bt, mesh)
-        x_BTD = jnp.take(self.embed[...], tokens_BT, axis=0).astype(cdt)
+        table_VD = constrain(self.embed[...], s.emb_lookup_vd, mesh)
+        x_BTD = jnp.take(table_VD, tokens_BT, axis=0).astype(cdt)
         x_BTD = constrain(x_BTD, s.act_btd, mesh)
         angles_BTh = positions_BT.astype(jnp.float32)[..., None] * rope_inverse_frequencies(c)
         cos_BTh, sin_BTh = jnp.cos(angles_BTh), jnp.sin(angles_BTh)

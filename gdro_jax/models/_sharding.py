@@ -47,6 +47,9 @@ class ShardingConfig:
     mlp_out_fd: P = P("tensor", "fsdp")
     mlp_bias_f: P = P("tensor")
     # Activations.
+    # The table as the token lookup reads it: gathered over fsdp first, so the lookup is a
+    # vocabulary-parallel gather (otherwise XLA replicates the whole table in the backward pass).
+    emb_lookup_vd: P = P("tensor", None)
     act_btd: P = P(_BATCH, None, None)
     act_btnh: P = P(_BATCH, None, "tensor", None)
     act_btkh: P = P(_BATCH, None, "tensor", None)
