@@ -29,6 +29,7 @@ from gdro_jax.tasks._config import (
     pool_size_for,
     problem_space_size,
 )
+from gdro_jax.tasks._reward import grade_text, grade_tokens, solution_correct, solution_reward
 from gdro_jax.tasks._tokenizer import (
     BOS_ID,
     BOS_TOKEN,
@@ -70,6 +71,8 @@ __all__ = [
     "encode_prompts",
     "encode_rows",
     "encode_solutions",
+    "grade_text",
+    "grade_tokens",
     "hf_tokenizer",
     "level_counts",
     "level_shares",
@@ -78,5 +81,7 @@ __all__ = [
     "pretraining_rows",
     "problem_space_size",
     "save_tokenizer",
+    "solution_correct",
+    "solution_reward",
     "supervised_arrays",
 ]
