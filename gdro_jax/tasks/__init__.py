@@ -12,7 +12,8 @@ Typical use:
     splits = tasks.build_splits(config)                 # train / validation / test row dicts
     pool = tasks.encode_rows(splits.train, config)      # prompt and gold-solution token arrays
     tasks.save_tokenizer(workdir / "tokenizer")         # AutoTokenizer.from_pretrained-able
-    reward_R = tasks.solution_reward(result.tokens, pool.solution_tokens[prompt_of_slot],
+    gold_DS = jnp.asarray(pool.solution_tokens)         # gold solutions of the D pool prompts
+    reward_R = tasks.solution_reward(result.tokens, gold_DS[prompt_of_slot],   # jittable
                                      completion_lengths=result.lengths, reward_values=(-1.0, 1.0))
     warm = tasks.supervised_arrays(tasks.pretraining_rows(config, 51_200, seed=0), config)
 """

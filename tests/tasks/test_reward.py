@@ -165,6 +165,24 @@ def test_reward_under_vmap_equals_per_group_calls(rows, gold):
         np.testing.assert_array_equal(reward_GR[g], expected)
 
 
+def test_reward_on_slots_sharded_over_an_eight_device_mesh(rows, gold):
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]), ("data",))
+    slots = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    row_R, _, completion_RT, length_R = perturbed_batch(rows, gold, 54, 32, seed=4)
+    gold_RS = gold.solution_tokens[row_R]
+    reward_fn = jax.jit(
+        functools.partial(tasks.solution_reward, reward_values=(-1.0, 1.0)), out_shardings=slots
+    )
+    reward_R = reward_fn(
+        jax.device_put(completion_RT, slots),
+        jax.device_put(gold_RS, slots),
+        completion_lengths=jax.device_put(length_R, slots),
+    )
+    assert reward_R.sharding.is_equivalent_to(slots, 1)
+    expected = np.where(reference(rows, row_R, completion_RT, length_R), 1.0, -1.0)
+    np.testing.assert_array_equal(np.asarray(reward_R), expected.astype(np.float32))
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     st.lists(
