@@ -24,7 +24,14 @@ import numpy as np
 import optax
 from tqdm import tqdm
 
-from gdro_jax.controllers import passk_classifier, prompt_gdro, rollout_gdro
+from gdro_jax.controllers import (
+    PassKState,
+    PromptGDROState,
+    RolloutGDROState,
+    passk_classifier,
+    prompt_gdro,
+    rollout_gdro,
+)
 from gdro_jax.sim._config import SimConfig
 from gdro_jax.sim._grpo import grpo_policy_gradient, slot_assignment
 from gdro_jax.sim._learner import (
@@ -65,9 +72,9 @@ class SimState(NamedTuple):
 
     theta: jax.Array  # [L] float32 skill logits
     opt_state: optax.OptState  # the optimizer's state for theta
-    classifier: NamedTuple  # PassKState over the D training prompts
-    prompt: NamedTuple  # PromptGDROState
-    rollout: NamedTuple  # RolloutGDROState
+    classifier: PassKState  # over the D training prompts
+    prompt: PromptGDROState  # updated by every method, applied only when flags.reweight
+    rollout: RolloutGDROState  # updated by every method, applied only when flags.allocate
 
 
 class StepRecord(NamedTuple):

@@ -114,7 +114,7 @@ def test_expected_dr_grpo_gradient_is_exact_gradient_of_expected_reward():
         )
         return grad_L
 
-    grads_KL = np.asarray(jax.vmap(gradient)(outcomes_KR), np.float64)
+    grads_KL = np.asarray(jax.jit(jax.vmap(gradient))(outcomes_KR), np.float64)
     expected_L = prob_K @ grads_KL
 
     with jax.enable_x64(True):
