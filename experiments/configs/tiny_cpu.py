@@ -1,0 +1,84 @@
+"""RL on the chain task on a 2-core CPU: 32 prompts x 4 rollouts per step, a 0.8M-parameter policy.
+
+`init_from` names the warm-start HF folder written by `experiments/pretrain.py` (what `make demo`
+does); empty means a randomly initialised `model` (for tests: it earns almost no reward).
+Every field can be overridden, e.g. `--config.method=gdro_both --config.steps=60`.
+"""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+    config = ml_collections.ConfigDict()
+    config.method = "grpo"  # grpo | prompt_gdro | rollout_gdro | gdro_both
+    config.steps = 60
+    config.seed = 0
+    config.progress = True
+    config.tensorboard = True
+    # Rollouts: N prompts x n_mean rollouts = R slots every step, whatever the allocation.
+    config.num_prompts = 32
+    config.n_mean = 4
+    config.max_new_tokens = 48  # the task's longest solution (8 levels: 6 * 8 tokens)
+    config.reward_values = (-1.0, 1.0)
+    # The task: 8 levels, heavy tail 1.5^-level; pool <= steps x prompts / 5 for revisits.
+    config.task = ml_collections.ConfigDict(
+        dict(
+            num_levels=8,
+            tail_base=1.5,
+            pool_size=384,
+            validation_per_level=32,
+            test_per_level=100,
+            seed=0,
+        )
+    )
+    # The policy: a warm-start folder, or a random Qwen3-shaped model of this shape.
+    config.init_from = ""
+    config.model = ml_collections.ConfigDict(
+        dict(
+            vocab_size=18,
+            d_model=128,
+            num_layers=4,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=32,
+            mlp_dim=384,
+            rope_theta=10_000.0,
+            max_position_embeddings=128,
+        )
+    )
+    config.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=1))
+    config.optimizer = ml_collections.ConfigDict(
+        dict(
+            learning_rate=1e-4,
+            warmup_steps=0,
+            b1=0.9,
+            b2=0.999,
+            eps=1e-8,
+            weight_decay=0.0,
+            grad_clip=1.0,
+        )
+    )
+    config.grpo = ml_collections.ConfigDict(
+        dict(
+            num_minibatches=2,
+            eps_low=0.2,
+            eps_high=0.28,
+            aggregation="token_mean",
+            kl_coef=0.0,
+            normalize_std=True,
+            advantage_clip=5.0,
+            loss_signal="failure_rate",
+            temperature=1.0,
+        )
+    )
+    # Controllers: the paper's defaults (SPEC 3-5).
+    config.classifier = ml_collections.ConfigDict(
+        dict(window=8, statistic="pass_at_k", k=8, hysteresis=0.0, unseen="hardest")
+    )
+    config.prompt_gdro = ml_collections.ConfigDict(
+        dict(eta=0.65, gamma=0.01, ema=0.12, share_normalize=True, max_weight=15.0)
+    )
+    config.rollout_gdro = ml_collections.ConfigDict(
+        dict(n_min=2, n_max=12, proxy="bernoulli", ema=0.12, mode="sqrt")
+    )
+    return config

@@ -1,0 +1,271 @@
+"""The RL training loop on the chain task: GRPO, Prompt-GDRO, Rollout-GDRO, or both.
+
+`build_run(config)` assembles everything a run needs (task pool, policy on its mesh, controllers,
+optimizer, jitted plan/rollout/update); `run_step` performs one step and times its phases;
+`train(config, workdir)` loops with a progress bar, writes metrics, and evaluates at the end.
+Library code never reads flags: `experiments/train.py` passes the config in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import grain
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+from tqdm.auto import tqdm
+
+from gdro_jax import controllers, models, tasks
+from gdro_jax.models._sharding import fit_spec
+from gdro_jax.train._metrics import MetricsWriter
+from gdro_jax.train._state import TrainState, init_train_state, state_shardings
+from gdro_jax.train._step import GRPOConfig, make_update, sample_rollouts
+
+METHODS = ("grpo", "prompt_gdro", "rollout_gdro", "gdro_both")
+
+
+class Run(NamedTuple):
+    """Everything one training run needs, built once by `build_run`."""
+
+    config: ml_collections.ConfigDict
+    task_config: tasks.ChainTaskConfig
+    splits: tasks.ChainSplits
+    pool: tasks.ChainArrays  # the training prompt pool, host arrays
+    mesh: jax.sharding.Mesh | None
+    graphdef: nnx.GraphDef
+    state: TrainState
+    gdro: controllers.MultiAdversary
+    plan: Callable  # jitted (gdro_state, prompt_ids, key) -> Plan
+    rollout: Callable  # jitted (params, plan, prompt_ids, key) -> Rollouts
+    update: Callable  # jitted, state donated: (state, plan, prompt_ids, rollouts) -> (state, m)
+    prompt_batches: Any  # grain iterator of [N] prompt-index batches
+
+
+def build_controllers(
+    config: ml_collections.ConfigDict, num_dataset_prompts: int
+) -> tuple[controllers.MultiAdversary, controllers.PromptGDRO | None]:
+    """The classifier and the adversaries that `config.method` switches on."""
+    if config.method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got method={config.method!r}")
+    classifier = controllers.passk_classifier(num_dataset_prompts, **config.classifier.to_dict())
+    prompt = rollout = None
+    if config.method in ("prompt_gdro", "gdro_both"):
+        prompt = controllers.prompt_gdro(classifier.num_bins, **config.prompt_gdro.to_dict())
+    if config.method in ("rollout_gdro", "gdro_both"):
+        rollout = controllers.rollout_gdro(
+            classifier.num_bins, n_mean=config.n_mean, **config.rollout_gdro.to_dict()
+        )
+    gdro = controllers.multi_adversary(classifier, prompt, rollout, n_mean=config.n_mean)
+    return gdro, prompt
+
+
+def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+    """AdamW with optional global-norm clipping and linear warmup (SPEC 2: AdamW, lr 1e-6)."""
+    opt = config.optimizer
+    schedule = optax.linear_schedule(0.0, opt.learning_rate, max(opt.warmup_steps, 1))
+    if opt.warmup_steps == 0:
+        schedule = opt.learning_rate
+    parts = []
+    if opt.grad_clip > 0:
+        parts.append(optax.clip_by_global_norm(opt.grad_clip))
+    parts.append(
+        optax.adamw(schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=opt.weight_decay)
+    )
+    return optax.chain(*parts)
+
+
+def _load_policy(config: ml_collections.ConfigDict, mesh) -> models.Decoder:
+    if config.init_from:
+        return models.from_pretrained(config.init_from, mesh=mesh)
+    model_config = models.DecoderConfig(**config.model.to_dict())
+    if model_config.vocab_size != tasks.VOCAB_SIZE:
+        raise ValueError(
+            f"model.vocab_size must be the task's {tasks.VOCAB_SIZE}, "
+            f"got model.vocab_size={model_config.vocab_size}"
+        )
+    return models.init_decoder(model_config, seed=config.seed, mesh=mesh)
+
+
+def _make_mesh(config: ml_collections.ConfigDict):
+    shape = (config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
+    if shape == (1, 1, 1):
+        return None
+    return models.make_mesh(*shape)
+
+
+def batch_sharding(mesh, shape: tuple[int, ...]) -> NamedSharding | None:
+    """Leading (batch) axis on `data` x `fsdp`, fitted to the shape; None without a mesh."""
+    if mesh is None:
+        return None
+    spec = fit_spec(P(("data", "fsdp")), shape, dict(mesh.shape))
+    return NamedSharding(mesh, spec)
+
+
+def build_run(config: ml_collections.ConfigDict) -> Run:
+    """Builds the task, policy, controllers, optimizer and the jitted step functions."""
+    task_config = tasks.ChainTaskConfig(**config.task.to_dict())
+    splits = tasks.build_splits(task_config)
+    pool = tasks.encode_rows(splits.train, task_config)
+    num_dataset_prompts = len(splits.train)
+    mesh = _make_mesh(config)
+    model = _load_policy(config, mesh)
+    grpo_config = GRPOConfig(**config.grpo.to_dict())
+    gdro, prompt_adversary = build_controllers(config, num_dataset_prompts)
+    tx = make_optimizer(config)
+    graphdef, state = init_train_state(
+        model, tx, gdro, seed=config.seed, with_reference=grpo_config.kl_coef > 0
+    )
+    num_prompts = config.num_prompts
+    num_bins = gdro_num_bins(config)
+
+    prompt_tokens = jnp.asarray(pool.prompt_tokens)
+    prompt_lengths = jnp.asarray(pool.prompt_lengths)
+    solution_tokens = jnp.asarray(pool.solution_tokens)
+    reward_values = tuple(float(v) for v in config.reward_values)
+
+    def reward_fn(ids):
+        def score(tokens_RM, lengths_R, prompt_of_slot_R):
+            gold_RS = solution_tokens[ids[prompt_of_slot_R]]
+            correct = tasks.solution_correct(tokens_RM, gold_RS, completion_lengths=lengths_R)
+            rewards = jnp.where(correct, reward_values[1], reward_values[0])
+            return rewards, correct
+
+        return score
+
+    @jax.jit
+    def rollout(params, plan, prompt_ids, key):
+        result = sample_rollouts(
+            graphdef,
+            params,
+            plan,
+            prompt_tokens[prompt_ids],
+            prompt_lengths[prompt_ids],
+            key,
+            max_new_tokens=config.max_new_tokens,
+            temperature=grpo_config.temperature,
+            eos_ids=(tasks.EOS_ID,),
+            reward_fn=reward_fn(prompt_ids),
+        )
+        if mesh is None:
+            return result
+        return jax.tree.map(
+            lambda x: jax.lax.with_sharding_constraint(x, batch_sharding(mesh, x.shape)), result
+        )
+
+    update_fn = make_update(
+        graphdef,
+        tx,
+        gdro,
+        grpo_config,
+        num_prompts=num_prompts,
+        num_bins=num_bins,
+        prompt_adversary=prompt_adversary,
+    )
+    shardings = state_shardings(state)
+    replicated = None if mesh is None else NamedSharding(mesh, P())
+    update = jax.jit(update_fn, donate_argnums=0, out_shardings=(shardings, replicated))
+    plan = jax.jit(gdro.plan, out_shardings=replicated)
+
+    dataset = (
+        grain.MapDataset.range(num_dataset_prompts)
+        .shuffle(seed=config.seed)
+        .repeat(None)
+        .batch(num_prompts, drop_remainder=True)
+    )
+    return Run(
+        config=config,
+        task_config=task_config,
+        splits=splits,
+        pool=pool,
+        mesh=mesh,
+        graphdef=graphdef,
+        state=state,
+        gdro=gdro,
+        plan=plan,
+        rollout=rollout,
+        update=update,
+        prompt_batches=iter(dataset.to_iter_dataset()),
+    )
+
+
+def gdro_num_bins(config: ml_collections.ConfigDict) -> int:
+    """Number of classifier bins implied by the config's edges."""
+    edges = config.classifier.get("edges", controllers.DEFAULT_EDGES)
+    return len(edges) + 1
+
+
+def run_step(run: Run, state: TrainState, prompt_ids: np.ndarray):
+    """One RL step. Returns `(state, metrics, seconds)` with seconds split by phase."""
+    times = {}
+    start = time.perf_counter()
+    key = jax.random.fold_in(jax.random.key(run.config.seed + 1), int(state.step))
+    plan_key, sample_key = jax.random.split(key)
+    ids = jnp.asarray(prompt_ids, jnp.int32)
+    if run.mesh is not None:
+        ids = jax.device_put(ids, NamedSharding(run.mesh, P()))
+    plan = jax.block_until_ready(run.plan(state.gdro, ids, plan_key))
+    times["plan"] = time.perf_counter() - start
+    start = time.perf_counter()
+    rollouts = jax.block_until_ready(run.rollout(state.params, plan, ids, sample_key))
+    # Sampling and the exact-match reward run in one jitted call; the reward is a few
+    # comparisons, so its time is counted with the rollout.
+    times["rollout_and_reward"] = time.perf_counter() - start
+    start = time.perf_counter()
+    state, metrics = run.update(state, plan, ids, rollouts)
+    metrics = jax.block_until_ready(metrics)
+    times["update"] = time.perf_counter() - start
+    return state, metrics, times
+
+
+def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict[str, Any]:
+    """Runs `config.steps` RL steps, logging every step, then evaluates on held-out problems.
+
+    Args:
+      config: see `experiments/configs/tiny_cpu.py` for every field.
+      workdir: where `metrics.jsonl`, TensorBoard events (`tb/`), `config.json` and
+        `eval.json` go.
+
+    Returns:
+      A summary dict: the last step's metrics, mean step times and the evaluation.
+    """
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as file:
+        file.write(config.to_json_best_effort(indent=2))
+    run = build_run(config)
+    state = run.state
+    step_times: list[dict[str, float]] = []
+    history: list[dict[str, Any]] = []
+    with MetricsWriter(workdir, tensorboard=config.tensorboard) as writer:
+        bar = tqdm(range(config.steps), desc=f"{config.method}", disable=not config.progress)
+        for step in bar:
+            prompt_ids = next(run.prompt_batches)
+            state, metrics, times = run_step(run, state, prompt_ids)
+            metrics = dict(metrics, **{f"time/{k}": v for k, v in times.items()})
+            row = writer.write(step + 1, metrics)
+            history.append(row)
+            step_times.append(times)
+            bar.set_postfix(
+                reward=f"{row['reward']:.3f}", step_s=f"{sum(times.values()):.2f}", refresh=False
+            )
+    summary = {
+        "method": config.method,
+        "steps": config.steps,
+        "final": history[-1] if history else {},
+        "mean_step_seconds": {
+            name: float(np.mean([t[name] for t in step_times[1:] or step_times]))
+            for name in (step_times[0] if step_times else {})
+        },
+    }
+    with open(os.path.join(workdir, "summary.json"), "w", encoding="utf-8") as file:
+        json.dump(summary, file, indent=2)
+    return dict(summary, state=state, run=run)

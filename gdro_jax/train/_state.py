@@ -1,0 +1,87 @@
+"""`TrainState`: everything a GRPO/GDRO run carries from step to step, as one pytree.
+
+Parameters and optimizer state are sharded like the policy (`fsdp`/`tensor` axes), the controller
+states and the RNG key are replicated (SPEC section 7). The model's graph definition is static and
+lives outside the state, so the state can be donated, checkpointed and `jax.eval_shape`-d.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from gdro_jax.controllers import GDROState, MultiAdversary
+from gdro_jax.models import Decoder
+
+
+class TrainState(NamedTuple):
+    """One pytree with all the state of a run."""
+
+    params: nnx.State  # the policy's parameters (nnx.Param leaves), sharded on fsdp/tensor
+    opt_state: optax.OptState  # sharded like params
+    gdro: GDROState  # classifier, Prompt-GDRO and Rollout-GDRO states, replicated
+    key: jax.Array  # [] PRNG key, replicated
+    step: jax.Array  # [] int32 number of completed RL steps
+    ref_params: nnx.State | None  # frozen reference policy for the KL term; None when beta = 0
+
+
+def init_train_state(
+    model: Decoder,
+    tx: optax.GradientTransformation,
+    gdro: MultiAdversary,
+    *,
+    seed: int,
+    with_reference: bool = False,
+) -> tuple[nnx.GraphDef, TrainState]:
+    """Splits `model` into its static graph and a `TrainState` around its parameters.
+
+    Args:
+      model: the policy (its parameters already placed on their shards).
+      tx: the optax optimizer.
+      gdro: the composed controllers (`controllers.multi_adversary`).
+      seed: seed of the run's PRNG key.
+      with_reference: keep a frozen copy of the initial parameters as the KL reference. Off when
+        the KL coefficient is 0, so no reference model is built or run (SPEC section 2).
+
+    Returns:
+      `(graphdef, state)`; `nnx.merge(graphdef, state.params)` rebuilds the model.
+    """
+    graphdef, params = nnx.split(model, nnx.Param)
+    # Optimizer moments are created by a jitted init so they inherit the parameters' shardings.
+    opt_state = jax.jit(tx.init)(params)
+    reference = jax.tree.map(jnp.copy, params) if with_reference else None
+    state = TrainState(
+        params=params,
+        opt_state=opt_state,
+        gdro=gdro.init(),
+        key=jax.random.key(seed),
+        step=jnp.zeros((), jnp.int32),
+        ref_params=reference,
+    )
+    if model.mesh is None:
+        # Commit every leaf to the device, as the update's outputs are: a jitted function sees
+        # committed and uncommitted inputs as different signatures and would compile twice.
+        state = jax.device_put(state, jax.devices()[0])
+    else:
+        state = state._replace(
+            gdro=replicate(state.gdro, model.mesh),
+            key=replicate(state.key, model.mesh),
+            step=replicate(state.step, model.mesh),
+        )
+    return graphdef, state
+
+
+def replicate(tree, mesh: Mesh):
+    """Places every leaf of `tree` fully replicated on `mesh`."""
+    return jax.device_put(tree, NamedSharding(mesh, P()))
+
+
+def state_shardings(state: TrainState):
+    """The sharding of every leaf of a placed `state` (for jit's in/out shardings)."""
+    return jax.tree.map(lambda leaf: leaf.sharding, state)
