@@ -8,6 +8,7 @@ Library code never reads flags: `experiments/train.py` passes the config in.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -111,8 +112,21 @@ def batch_sharding(mesh, shape: tuple[int, ...]) -> NamedSharding | None:
     return NamedSharding(mesh, spec)
 
 
-def build_run(config: ml_collections.ConfigDict) -> Run:
-    """Builds the task, policy, controllers, optimizer and the jitted step functions."""
+RewardFn = Callable[[jax.Array, jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
+
+
+def build_run(config: ml_collections.ConfigDict, *, reward_fn: RewardFn | None = None) -> Run:
+    """Builds the task, policy, controllers, optimizer and the jitted step functions.
+
+    Args:
+      config: the run's config (see `experiments/configs/tiny_cpu.py`).
+      reward_fn: optional jittable `(prompt_ids_N, completion_tokens_RM, completion_lengths_R,
+        prompt_of_slot_R) -> (rewards_R, correct_R)`. Default: the chain task's exact match of
+        the whole worked solution, mapped to `config.reward_values`.
+
+    Returns:
+      The `Run`.
+    """
     task_config = tasks.ChainTaskConfig(**config.task.to_dict())
     splits = tasks.build_splits(task_config)
     pool = tasks.encode_rows(splits.train, task_config)
@@ -133,14 +147,12 @@ def build_run(config: ml_collections.ConfigDict) -> Run:
     solution_tokens = jnp.asarray(pool.solution_tokens)
     reward_values = tuple(float(v) for v in config.reward_values)
 
-    def reward_fn(ids):
-        def score(tokens_RM, lengths_R, prompt_of_slot_R):
-            gold_RS = solution_tokens[ids[prompt_of_slot_R]]
-            correct = tasks.solution_correct(tokens_RM, gold_RS, completion_lengths=lengths_R)
-            rewards = jnp.where(correct, reward_values[1], reward_values[0])
-            return rewards, correct
+    def exact_match_reward(ids_N, tokens_RM, lengths_R, prompt_of_slot_R):
+        gold_RS = solution_tokens[ids_N[prompt_of_slot_R]]
+        correct = tasks.solution_correct(tokens_RM, gold_RS, completion_lengths=lengths_R)
+        return jnp.where(correct, reward_values[1], reward_values[0]), correct
 
-        return score
+    score = exact_match_reward if reward_fn is None else reward_fn
 
     @jax.jit
     def rollout(params, plan, prompt_ids, key):
@@ -154,7 +166,7 @@ def build_run(config: ml_collections.ConfigDict) -> Run:
             max_new_tokens=config.max_new_tokens,
             temperature=grpo_config.temperature,
             eos_ids=(tasks.EOS_ID,),
-            reward_fn=reward_fn(prompt_ids),
+            reward_fn=functools.partial(score, prompt_ids),
         )
         if mesh is None:
             return result

@@ -69,7 +69,13 @@ def init_train_state(
         # committed and uncommitted inputs as different signatures and would compile twice.
         state = jax.device_put(state, jax.devices()[0])
     else:
+        mesh = model.mesh
         state = state._replace(
+            # Optimizer leaves not derived from a parameter (Adam's step count) are replicated.
+            opt_state=jax.tree.map(
+                lambda x: x if len(x.sharding.device_set) == mesh.size else replicate(x, mesh),
+                state.opt_state,
+            ),
             gdro=replicate(state.gdro, model.mesh),
             key=replicate(state.key, model.mesh),
             step=replicate(state.step, model.mesh),

@@ -223,7 +223,7 @@ def make_update(
             )
             updates, opt_state = tx.update(grads, opt_state, params)
             params = optax.apply_updates(params, updates)
-            metrics = dict(metrics, grad_norm=optax.global_norm(grads))
+            metrics = dict(metrics, grad_norm=optax.tree.norm(grads))
             ref_logp = jnp.zeros_like(logp) if ref_logp is None else ref_logp
             return (params, opt_state), (metrics, jax.lax.stop_gradient(logp), ref_logp)
 
