@@ -102,7 +102,10 @@ def test_grpo_step_equals_a_hand_written_reference():
     state, metrics = run.update(run.state, plan, prompt_ids, rollouts)
     changed = 0
     for got, want, old in zip(
-        jax.tree.leaves(state.params), jax.tree.leaves(expected), jax.tree.leaves(before)
+        jax.tree.leaves(state.params),
+        jax.tree.leaves(expected),
+        jax.tree.leaves(before),
+        strict=True,
     ):
         # Adam divides by sqrt(v): where a gradient is ~0 float32 rounding moves the update
         # by up to ~1e-6 of the learning rate (1e-2), hence atol 1e-5.
