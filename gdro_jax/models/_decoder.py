@@ -1,9 +1,13 @@
 """The decoder in flax.nnx: Qwen3 (QK-norm, GQA, RoPE, SwiGLU, RMSNorm, no biases) and, by config
 flags, Llama-family and Qwen2 checkpoints.
 
-The L blocks keep their parameters stacked on a leading layer axis and run as one `lax.scan`, so
-compile time does not grow with depth. The same code serves training (a full causal forward over
-padded sequences) and sampling (writing new keys/values into a preallocated KV cache).
+The L blocks keep their parameters stacked on a leading layer axis. Training (a full causal
+forward over padded sequences) runs them as one `lax.scan`, so its compile time does not grow with
+depth. Sampling (writing new keys/values into a preallocated KV cache) runs them as an unrolled
+Python loop over per-layer caches: inside the sampler's decode loop every layer's weights are then
+loop-invariant slices that XLA hoists out of the loop, and each layer's cache is its own buffer,
+updated in place and read by attention without a copy (a scan would slice weights and cache out
+of the stacked arrays at every step).
 
 Numerics follow HuggingFace transformers: RMSNorm and the attention softmax in float32, RoPE by
 rotating halves of each head, heads of one key/value group contiguous (query head n uses key/value
@@ -12,6 +16,7 @@ head n // G).
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -34,8 +39,8 @@ _MASKED = -0.7 * float(np.finfo(np.float32).max)
 class KVCache(NamedTuple):
     """Keys and values of all layers for a batch of sequences, indexed by cache slot."""
 
-    k: jax.Array  # [L, B, S, K, H] compute dtype, keys after QK-norm and RoPE
-    v: jax.Array  # [L, B, S, K, H] compute dtype
+    k: tuple[jax.Array, ...]  # L x [B, K, S, H] compute dtype, keys after QK-norm and RoPE
+    v: tuple[jax.Array, ...]  # L x [B, K, S, H] compute dtype
 
 
 def rope_inverse_frequencies(config: DecoderConfig) -> np.ndarray:
@@ -78,6 +83,39 @@ def _apply_rope(x_BTXH: jax.Array, cos_BTh: jax.Array, sin_BTh: jax.Array) -> ja
     cos = cos_BTh[:, :, None, :].astype(x_BTXH.dtype)
     sin = sin_BTh[:, :, None, :].astype(x_BTXH.dtype)
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def _dense(x: jax.Array, w: jax.Array, contract: int) -> jax.Array:
+    """Contracts the last `contract` dims of x with the first of w, as one 2-D matmul.
+
+    Leading dims are flattened into rows first: XLA:CPU runs the backward pass of a 2-D matmul
+    (weight gradient x^T @ dy) markedly faster than that of the batched-einsum form, whose weight
+    gradient contracts over two dimensions.
+    """
+    rows = x.shape[: x.ndim - contract]
+    inner = math.prod(x.shape[x.ndim - contract :])
+    y = x.reshape(-1, inner) @ w.reshape(inner, -1)
+    return y.reshape(*rows, *w.shape[contract:])
+
+
+def _attention(q_BTNH, k_BKSH, v_BKSH, allowed_BTS):
+    """Grouped-query attention: query head n reads key/value head n // G.
+
+    Queries are laid out [B, K, G*T, H] so both matmuls are batched over (B, K) with one free and
+    one contracting dimension each (forward and backward), without relayout copies of the keys.
+    """
+    B, T, N, H = q_BTNH.shape
+    K, S = k_BKSH.shape[1], k_BKSH.shape[2]
+    G = N // K
+    q_BKQH = q_BTNH.reshape(B, T, K, G, H).transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, H)
+    scores_BKQS = jnp.einsum(
+        "bkqh,bksh->bkqs", q_BKQH, k_BKSH, preferred_element_type=jnp.float32
+    ) * (H**-0.5)
+    scores_BKGTS = scores_BKQS.reshape(B, K, G, T, S)
+    scores_BKGTS = jnp.where(allowed_BTS[:, None, None], scores_BKGTS, _MASKED)
+    probs_BKQS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(q_BTNH.dtype).reshape(B, K, G * T, S)
+    attn_BKQH = jnp.einsum("bkqs,bksh->bkqh", probs_BKQS, v_BKSH)
+    return attn_BKQH.reshape(B, K, G, T, H).transpose(0, 3, 1, 2, 4).reshape(B, T, N, H)
 
 
 def _param(value: jax.Array, spec: P, dtype: str) -> nnx.Param:
@@ -144,10 +182,9 @@ class DecoderLayers(nnx.Module):
         cos_BTh: jax.Array,
         sin_BTh: jax.Array,
         allowed_BTS: jax.Array,
-        cache: KVCache | None,
-        layer: jax.Array | None,
+        cache: tuple[jax.Array, jax.Array] | None,
         cache_index: jax.Array | int,
-    ) -> tuple[jax.Array, KVCache | None]:
+    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
         """One pre-norm block on one layer's parameters (call on a per-layer slice).
 
         Args:
@@ -158,22 +195,21 @@ class DecoderLayers(nnx.Module):
           cos_BTh: RoPE cosines [B, T, H/2] float32.
           sin_BTh: RoPE sines [B, T, H/2] float32.
           allowed_BTS: whether query t may attend key slot s.
-          cache: all layers' KV cache, or None to attend only within this call's tokens.
-          layer: this layer's index into the cache (traced int32 scalar).
+          cache: this layer's (keys, values), each [B, K, S, H], or None to attend only within
+            this call's tokens.
           cache_index: cache slot of this call's first token.
 
         Returns:
-          (the new residual stream [B, T, D], the cache with this layer's new keys/values written).
+          (the new residual stream [B, T, D], this layer's cache with the new keys/values
+          written, or None).
         """
         c, s = config, sharding
         cdt = jnp.dtype(c.compute_dtype)
-        B, T, _ = x_BTD.shape
-        K, G, H = c.num_kv_heads, c.num_query_groups, c.head_dim
 
         h_BTD = _rms_norm(x_BTD, self.attn_norm[...], c.rms_norm_eps)
-        q_BTNH = jnp.einsum("btd,dnh->btnh", h_BTD, self.q[...].astype(cdt))
-        k_BTKH = jnp.einsum("btd,dkh->btkh", h_BTD, self.k[...].astype(cdt))
-        v_BTKH = jnp.einsum("btd,dkh->btkh", h_BTD, self.v[...].astype(cdt))
+        q_BTNH = _dense(h_BTD, self.q[...].astype(cdt), 1)
+        k_BTKH = _dense(h_BTD, self.k[...].astype(cdt), 1)
+        v_BTKH = _dense(h_BTD, self.v[...].astype(cdt), 1)
         if c.qkv_bias:
             q_BTNH = q_BTNH + self.q_bias[...].astype(cdt)
             k_BTKH = k_BTKH + self.k_bias[...].astype(cdt)
@@ -185,39 +221,36 @@ class DecoderLayers(nnx.Module):
         k_BTKH = constrain(_apply_rope(k_BTKH, cos_BTh, sin_BTh), s.act_btkh, mesh)
         v_BTKH = constrain(v_BTKH, s.act_btkh, mesh)
 
+        k_BKTH = k_BTKH.transpose(0, 2, 1, 3)
+        v_BKTH = v_BTKH.transpose(0, 2, 1, 3)
         if cache is None:
-            k_BSKH, v_BSKH = k_BTKH, v_BTKH
+            k_BKSH, v_BKSH = k_BKTH, v_BKTH
         else:
-            start = (layer, 0, cache_index, 0, 0)
-            cache = KVCache(
-                k=jax.lax.dynamic_update_slice(cache.k, k_BTKH[None].astype(cache.k.dtype), start),
-                v=jax.lax.dynamic_update_slice(cache.v, v_BTKH[None].astype(cache.v.dtype), start),
+            start = (0, 0, cache_index, 0)
+            k_BKSH, v_BKSH = (
+                constrain(
+                    jax.lax.dynamic_update_slice(old, new.astype(old.dtype), start),
+                    s.cache_bksh,
+                    mesh,
+                )
+                for old, new in ((cache[0], k_BKTH), (cache[1], v_BKTH))
             )
-            cache = KVCache(*(constrain(a, s.cache_lbskh, mesh) for a in cache))
-            k_BSKH = jax.lax.dynamic_index_in_dim(cache.k, layer, keepdims=False)
-            v_BSKH = jax.lax.dynamic_index_in_dim(cache.v, layer, keepdims=False)
+            cache = (k_BKSH, v_BKSH)
 
-        q_BTKGH = q_BTNH.reshape(B, T, K, G, H)
-        scores_BKGTS = jnp.einsum(
-            "btkgh,bskh->bkgts", q_BTKGH, k_BSKH, preferred_element_type=jnp.float32
-        ) * (H**-0.5)
-        scores_BKGTS = jnp.where(allowed_BTS[:, None, None], scores_BKGTS, _MASKED)
-        probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(cdt)
-        attn_BTKGH = jnp.einsum("bkgts,bskh->btkgh", probs_BKGTS, v_BSKH)
-        attn_BTNH = constrain(attn_BTKGH.reshape(B, T, K * G, H), s.act_btnh, mesh)
-        out_BTD = jnp.einsum("btnh,nhd->btd", attn_BTNH, self.o[...].astype(cdt))
+        attn_BTNH = constrain(_attention(q_BTNH, k_BKSH, v_BKSH, allowed_BTS), s.act_btnh, mesh)
+        out_BTD = _dense(attn_BTNH, self.o[...].astype(cdt), 2)
         if c.o_bias:
             out_BTD = out_BTD + self.o_bias[...].astype(cdt)
         x_BTD = constrain(x_BTD + out_BTD, s.act_btd, mesh)
 
         h_BTD = _rms_norm(x_BTD, self.mlp_norm[...], c.rms_norm_eps)
-        gate_BTF = jnp.einsum("btd,df->btf", h_BTD, self.gate[...].astype(cdt))
-        up_BTF = jnp.einsum("btd,df->btf", h_BTD, self.up[...].astype(cdt))
+        gate_BTF = _dense(h_BTD, self.gate[...].astype(cdt), 1)
+        up_BTF = _dense(h_BTD, self.up[...].astype(cdt), 1)
         if c.mlp_bias:
             gate_BTF = gate_BTF + self.gate_bias[...].astype(cdt)
             up_BTF = up_BTF + self.up_bias[...].astype(cdt)
         act_BTF = constrain(jax.nn.silu(gate_BTF) * up_BTF, s.act_btf, mesh)
-        mlp_BTD = jnp.einsum("btf,fd->btd", act_BTF, self.down[...].astype(cdt))
+        mlp_BTD = _dense(act_BTF, self.down[...].astype(cdt), 1)
         if c.mlp_bias:
             mlp_BTD = mlp_BTD + self.down_bias[...].astype(cdt)
         return constrain(x_BTD + mlp_BTD, s.act_btd, mesh), cache
@@ -315,7 +348,7 @@ class Decoder(nnx.Module):
           (h_BTD final-normed hidden states, the updated cache).
         """
         T = tokens_BT.shape[1]
-        S = cache.k.shape[2]
+        S = cache.k[0].shape[2]
         query_slot_T = cache_index + jnp.arange(T)
         causal_TS = jnp.arange(S)[None, :] <= query_slot_T[:, None]
         allowed_BTS = key_mask_BS.astype(bool)[:, None, :] & causal_TS[None]
@@ -325,17 +358,23 @@ class Decoder(nnx.Module):
         """The output projection: logits_BTV in float32."""
         cdt = jnp.dtype(self.config.compute_dtype)
         if self.config.tie_embeddings:
-            logits = jnp.einsum("btd,vd->btv", h_BTD, self.embed[...].astype(cdt))
+            logits = _dense(h_BTD, self.embed[...].astype(cdt).T, 1)
         else:
-            logits = jnp.einsum("btd,dv->btv", h_BTD, self.lm_head[...].astype(cdt))
+            logits = _dense(h_BTD, self.lm_head[...].astype(cdt), 1)
         return constrain(logits.astype(jnp.float32), self.sharding.logits_btv, self.mesh)
 
     def init_cache(self, batch: int, length: int) -> KVCache:
         """A zero KV cache for `batch` sequences of `length` slots, in the compute dtype."""
         c = self.config
-        shape = (c.num_layers, batch, length, c.num_kv_heads, c.head_dim)
-        zeros = jnp.zeros(shape, c.compute_dtype)
-        return KVCache(*(constrain(zeros, self.sharding.cache_lbskh, self.mesh) for _ in "kv"))
+        shape = (batch, c.num_kv_heads, length, c.head_dim)
+
+        def zeros():
+            return constrain(jnp.zeros(shape, c.compute_dtype), self.sharding.cache_bksh, self.mesh)
+
+        return KVCache(
+            k=tuple(zeros() for _ in range(c.num_layers)),
+            v=tuple(zeros() for _ in range(c.num_layers)),
+        )
 
     def _run(self, tokens_BT, positions_BT, allowed_BTS, *, cache, cache_index):
         c, s, mesh = self.config, self.sharding, self.mesh
@@ -348,29 +387,34 @@ class Decoder(nnx.Module):
         cos_BTh, sin_BTh = jnp.cos(angles_BTh), jnp.sin(angles_BTh)
 
         graphdef, layer_state = nnx.split(self.layers)
+        apply = functools.partial(
+            DecoderLayers.apply_layer,
+            config=c,
+            sharding=s,
+            mesh=mesh,
+            cos_BTh=cos_BTh,
+            sin_BTh=sin_BTh,
+            allowed_BTS=allowed_BTS,
+            cache_index=cache_index,
+        )
+        if cache is None:
 
-        def body(carry, xs):
-            x_BTD, cache = carry
-            params, layer = xs
-            block = nnx.merge(graphdef, params)
-            x_BTD, cache = block.apply_layer(
-                x_BTD,
-                config=c,
-                sharding=s,
-                mesh=mesh,
-                cos_BTh=cos_BTh,
-                sin_BTh=sin_BTh,
-                allowed_BTS=allowed_BTS,
-                cache=cache,
-                layer=layer,
-                cache_index=cache_index,
-            )
-            return (x_BTD, cache), None
+            def body(x_BTD, params):
+                return apply(nnx.merge(graphdef, params), x_BTD, cache=None)[0], None
 
-        if c.remat:
-            body = jax.checkpoint(body, policy=jax.checkpoint_policies.nothing_saveable)
-        layers = jnp.arange(c.num_layers, dtype=jnp.int32)
-        (x_BTD, cache), _ = jax.lax.scan(body, (x_BTD, cache), (layer_state, layers))
+            if c.remat:
+                body = jax.checkpoint(body, policy=jax.checkpoint_policies.nothing_saveable)
+            x_BTD, _ = jax.lax.scan(body, x_BTD, layer_state)
+        else:
+            keys, values = [], []
+            for layer in range(c.num_layers):
+                params = jax.tree.map(lambda a, i=layer: a[i], layer_state)
+                x_BTD, (k, v) = apply(
+                    nnx.merge(graphdef, params), x_BTD, cache=(cache.k[layer], cache.v[layer])
+                )
+                keys.append(k)
+                values.append(v)
+            cache = KVCache(k=tuple(keys), v=tuple(values))
         return _rms_norm(x_BTD, self.final_norm[...], c.rms_norm_eps), cache
 
 

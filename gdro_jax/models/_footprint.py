@@ -21,7 +21,7 @@ class Footprint(NamedTuple):
     param_bytes: int  # all parameters, in the parameter dtype
     param_bytes_per_device: int
     adam_bytes_per_device: int  # AdamW first and second moments, float32
-    kv_cache_bytes_per_device: int  # [L, B, S, K, H] keys + values, in the compute dtype
+    kv_cache_bytes_per_device: int  # L x [B, K, S, H] keys + values, in the compute dtype
 
 
 def _shard_elements(shape, spec, axis_sizes) -> int:
@@ -74,8 +74,9 @@ def memory_footprint(
         for leaf, spec in zip(leaves, specs, strict=True)
     )
     c = config
-    cache_shape = (c.num_layers, batch, seq_len, c.num_kv_heads, c.head_dim)
-    cache = 2 * _shard_elements(cache_shape, sharding.cache_lbskh, axis_sizes) if seq_len else 0
+    layer_cache_shape = (batch, c.num_kv_heads, seq_len, c.head_dim)
+    layer_cache = _shard_elements(layer_cache_shape, sharding.cache_bksh, axis_sizes)
+    cache = 2 * c.num_layers * layer_cache if seq_len else 0
     return Footprint(
         param_count=count,
         param_bytes=count * itemsize,

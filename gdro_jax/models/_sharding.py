@@ -55,7 +55,7 @@ class ShardingConfig:
     act_btkh: P = P(_BATCH, None, "tensor", None)
     act_btf: P = P(_BATCH, None, "tensor")
     logits_btv: P = P(_BATCH, None, "tensor")
-    cache_lbskh: P = P(None, _BATCH, None, "tensor", None)
+    cache_bksh: P = P(_BATCH, "tensor", None, None)
     tokens_bt: P = P(_BATCH, None)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -47,7 +48,7 @@ class GenerationResult(NamedTuple):
 
 class _LoopState(NamedTuple):
     step: jax.Array  # [] int32 index of the next token to sample
-    cache: KVCache  # [L, R, S, K, H] keys/values
+    cache: KVCache  # L x [R, K, S, H] keys and values
     tokens: jax.Array  # [R, M] int32
     logprobs: jax.Array  # [R, M] float32
     done: jax.Array  # [R] bool
@@ -83,9 +84,10 @@ def sample_logits(
     """
     logits_RV = logits_RV.astype(jnp.float32)
     if greedy:
-        token_R = jnp.argmax(logits_RV, axis=-1).astype(jnp.int32)
-        return token_R, _gather(jax.nn.log_softmax(logits_RV, axis=-1), token_R)
+        token_R = _first_argmax(logits_RV)
+        return token_R, _gather(logits_RV, token_R) - jax.nn.logsumexp(logits_RV, axis=-1)
     scaled_RV = logits_RV / temperature
+    log_normaliser_R = jax.nn.logsumexp(scaled_RV, axis=-1)
     filtered_RV = scaled_RV
     if top_k > 0:
         top_RK = jax.lax.top_k(scaled_RV, top_k)[0]
@@ -98,8 +100,44 @@ def sample_logits(
         keep_count_R = jnp.sum(mass_before_RC < top_p, axis=-1)
         threshold_R = jnp.take_along_axis(sorted_RC, keep_count_R[:, None] - 1, axis=-1)
         filtered_RV = jnp.where(scaled_RV >= threshold_R, filtered_RV, -jnp.inf)
-    token_R = jax.random.categorical(key, filtered_RV, axis=-1).astype(jnp.int32)
-    return token_R, _gather(jax.nn.log_softmax(scaled_RV, axis=-1), token_R)
+    weights_RV = jnp.exp(filtered_RV - log_normaliser_R[:, None])  # unnormalised after filtering
+    token_R = _inverse_cdf_draw(key, weights_RV, fallback_R=_first_argmax(scaled_RV))
+    return token_R, _gather(scaled_RV, token_R) - log_normaliser_R
+
+
+def _first_argmax(x_RV: jax.Array) -> jax.Array:
+    # Two plain reductions; XLA:CPU runs them several times faster than jnp.argmax's
+    # variadic (value, index) reduction.
+    max_R1 = jnp.max(x_RV, axis=-1, keepdims=True)
+    index_RV = jax.lax.broadcasted_iota(jnp.int32, x_RV.shape, 1)
+    return jnp.min(jnp.where(x_RV == max_R1, index_RV, x_RV.shape[-1]), axis=-1)
+
+
+def _inverse_cdf_draw(key: jax.Array, weights_RV: jax.Array, fallback_R: jax.Array) -> jax.Array:
+    """A draw from the categorical distribution ∝ weights_RV (>= 0) per row, by inverting the CDF
+    at one uniform per row.
+
+    Exact in distribution, like the Gumbel-max trick of `jax.random.categorical`, but it needs
+    R random numbers instead of R x V, and no length-V cumulative sum: the vocabulary is cut into
+    ~sqrt(V) blocks, the block is chosen from the cumulative block masses, then the token inside
+    it. Zero-weight tokens are never returned (if rounding lands on one, the row's `fallback_R`,
+    its most likely token, is returned instead).
+    """
+    R, V = weights_RV.shape
+    size = math.isqrt(V - 1) + 1
+    count = -(-V // size)
+    blocks_RnS = jnp.pad(weights_RV, ((0, 0), (0, count * size - V))).reshape(R, count, size)
+    mass_Rn = jnp.sum(blocks_RnS, axis=-1)
+    cdf_Rn = jnp.cumsum(mass_Rn, axis=-1)
+    target_R1 = jax.random.uniform(key, (R, 1), jnp.float32) * cdf_Rn[:, -1:]
+    block_R = jnp.minimum(jnp.sum(cdf_Rn <= target_R1, axis=-1), count - 1)
+    inside_RS = jnp.take_along_axis(blocks_RnS, block_R[:, None, None], axis=1)[:, 0]
+    before_R1 = jnp.take_along_axis(cdf_Rn - mass_Rn, block_R[:, None], axis=1)
+    inside_cdf_RS = jnp.cumsum(inside_RS, axis=-1) + before_R1
+    offset_R = jnp.minimum(jnp.sum(inside_cdf_RS <= target_R1, axis=-1), size - 1)
+    token_R = (block_R * size + offset_R).astype(jnp.int32)
+    valid_R = (token_R < V) & (_gather(weights_RV, jnp.minimum(token_R, V - 1)) > 0)
+    return jnp.where(valid_R, token_R, fallback_R)
 
 
 def _gather(values_RV: jax.Array, index_R: jax.Array) -> jax.Array:
@@ -174,14 +212,15 @@ def _generate(
     if share_prefill:
         logits_NV, prefix = prefill(left_NP, positions_NP, valid_NP)
         logits_RV = logits_NV[prompt_of_slot_R]
-        prefix = KVCache(*(a[:, prompt_of_slot_R] for a in prefix))
+        prefix = jax.tree.map(lambda a: a[prompt_of_slot_R], prefix)
     else:
         logits_RV, prefix = prefill(
             left_NP[prompt_of_slot_R], positions_NP[prompt_of_slot_R], valid_NP[prompt_of_slot_R]
         )
-    cache = model.init_cache(R, S)
-    cache = KVCache(
-        *(jax.lax.dynamic_update_slice(c, p, (0,) * 5) for c, p in zip(cache, prefix, strict=True))
+    cache = jax.tree.map(
+        lambda empty, p: jax.lax.dynamic_update_slice(empty, p, (0, 0, 0, 0)),
+        model.init_cache(R, S),
+        prefix,
     )
     key_mask_RS = jnp.arange(S)[None, :] >= (P - lengths_R)[:, None]
 
