@@ -13,6 +13,9 @@ that load from other processes hits both alike; the table gives the best time (a
 medians). Compile time is the first call's time minus the median.
 
 Run:  python -m benchmarks.policy [--repeats 3]
+One core each (robust to other load on the machine):
+      XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" \
+      python -m benchmarks.policy --torch-threads 1
 """
 
 from __future__ import annotations
@@ -165,7 +168,17 @@ def bench_prefill_sharing(model, repeats, prompts=32, per_prompt=8, prompt_len=2
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=0,
+        help="PyTorch intra-op threads (0: its default). For a one-core comparison also run XLA "
+        "on one thread: XLA_FLAGS='--xla_cpu_multi_thread_eigen=false "
+        "intra_op_parallelism_threads=1'",
+    )
     args = parser.parse_args()
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
 
     torch.manual_seed(0)
     hf_model = transformers.AutoModelForCausalLM.from_config(
@@ -181,7 +194,8 @@ def main() -> None:
 
     print(
         f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, load average "
-        f"{os.getloadavg()[0]:.1f} at the end; jax {jax.__version__} (CPU), torch "
+        f"{os.getloadavg()[0]:.1f} at the end; XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}; "
+        f"jax {jax.__version__} (CPU), torch "
         f"{torch.__version__} ({torch.get_num_threads()} threads), transformers "
         f"{transformers.__version__}. Best (median) of interleaved repeats.\n"
     )

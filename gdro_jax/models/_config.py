@@ -58,6 +58,10 @@ class DecoderConfig:
       param_dtype: dtype parameters are stored in ("float32", "bfloat16" or "float16").
       compute_dtype: dtype of activations and matmuls; norms, softmax and logits stay float32.
       remat: recompute each block's activations in the backward pass (saves memory).
+      scan_layers: run the blocks of a full forward pass as one `lax.scan` (compile time
+        independent of depth) rather than an unrolled loop (faster on CPU, where the scan's
+        stacked residual buffers cost memory traffic; compile time grows with depth). The
+        sampler's cached path is always unrolled.
       bos_token_id: from config.json, kept for the round trip.
       eos_token_ids: from config.json, a convenient default stop set for the sampler.
       pad_token_id: from config.json, kept for the round trip.
@@ -83,6 +87,7 @@ class DecoderConfig:
     param_dtype: str = "float32"
     compute_dtype: str = "float32"
     remat: bool = False
+    scan_layers: bool = True
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int | None = None

@@ -2,9 +2,11 @@
 flags, Llama-family and Qwen2 checkpoints.
 
 The L blocks keep their parameters stacked on a leading layer axis. Training (a full causal
-forward over padded sequences) runs them as one `lax.scan`, so its compile time does not grow with
-depth. Sampling (writing new keys/values into a preallocated KV cache) runs them as an unrolled
-Python loop over per-layer caches: inside the sampler's decode loop every layer's weights are then
+forward over padded sequences) runs them as one `lax.scan` by default, so its compile time does
+not grow with depth; `DecoderConfig.scan_layers=False` unrolls them instead, which is faster on
+CPU (the scan's stacked per-layer residual buffers are zero-filled and sliced every step).
+Sampling (writing new keys/values into a preallocated KV cache) runs them as an unrolled Python
+loop over per-layer caches: inside the sampler's decode loop every layer's weights are then
 loop-invariant slices that XLA hoists out of the loop, and each layer's cache is its own buffer,
 updated in place and read by attention without a copy (a scan would slice weights and cache out
 of the stacked arrays at every step).
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import jax
@@ -39,7 +42,9 @@ _MASKED = -0.7 * float(np.finfo(np.float32).max)
 class KVCache(NamedTuple):
     """Keys and values of all layers for a batch of sequences, indexed by cache slot."""
 
-    k: tuple[jax.Array, ...]  # L x [B, K, S, H] compute dtype, keys after QK-norm and RoPE
+    # Keys are stored transposed, [H, S] per head, so that the score matmul q @ k reads them in
+    # the layout a matmul wants (a [S, H] key cache is repacked at every decode step).
+    k: tuple[jax.Array, ...]  # L x [B, K, H, S] compute dtype, keys after QK-norm and RoPE
     v: tuple[jax.Array, ...]  # L x [B, K, S, H] compute dtype
 
 
@@ -98,18 +103,18 @@ def _dense(x: jax.Array, w: jax.Array, contract: int) -> jax.Array:
     return y.reshape(*rows, *w.shape[contract:])
 
 
-def _attention(q_BTNH, k_BKSH, v_BKSH, allowed_BTS):
+def _attention(q_BTNH, k_BKHS, v_BKSH, allowed_BTS):
     """Grouped-query attention: query head n reads key/value head n // G.
 
     Queries are laid out [B, K, G*T, H] so both matmuls are batched over (B, K) with one free and
     one contracting dimension each (forward and backward), without relayout copies of the keys.
     """
     B, T, N, H = q_BTNH.shape
-    K, S = k_BKSH.shape[1], k_BKSH.shape[2]
+    K, S = k_BKHS.shape[1], k_BKHS.shape[3]
     G = N // K
     q_BKQH = q_BTNH.reshape(B, T, K, G, H).transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, H)
     scores_BKQS = jnp.einsum(
-        "bkqh,bksh->bkqs", q_BKQH, k_BKSH, preferred_element_type=jnp.float32
+        "bkqh,bkhs->bkqs", q_BKQH, k_BKHS, preferred_element_type=jnp.float32
     ) * (H**-0.5)
     scores_BKGTS = scores_BKQS.reshape(B, K, G, T, S)
     scores_BKGTS = jnp.where(allowed_BTS[:, None, None], scores_BKGTS, _MASKED)
@@ -195,8 +200,8 @@ class DecoderLayers(nnx.Module):
           cos_BTh: RoPE cosines [B, T, H/2] float32.
           sin_BTh: RoPE sines [B, T, H/2] float32.
           allowed_BTS: whether query t may attend key slot s.
-          cache: this layer's (keys, values), each [B, K, S, H], or None to attend only within
-            this call's tokens.
+          cache: this layer's (keys [B, K, H, S], values [B, K, S, H]), or None to attend only
+            within this call's tokens.
           cache_index: cache slot of this call's first token.
 
         Returns:
@@ -221,23 +226,21 @@ class DecoderLayers(nnx.Module):
         k_BTKH = constrain(_apply_rope(k_BTKH, cos_BTh, sin_BTh), s.act_btkh, mesh)
         v_BTKH = constrain(v_BTKH, s.act_btkh, mesh)
 
-        k_BKTH = k_BTKH.transpose(0, 2, 1, 3)
+        k_BKHT = k_BTKH.transpose(0, 2, 3, 1)
         v_BKTH = v_BTKH.transpose(0, 2, 1, 3)
         if cache is None:
-            k_BKSH, v_BKSH = k_BKTH, v_BKTH
+            k_BKHS, v_BKSH = k_BKHT, v_BKTH
         else:
-            start = (0, 0, cache_index, 0)
-            k_BKSH, v_BKSH = (
-                constrain(
-                    jax.lax.dynamic_update_slice(old, new.astype(old.dtype), start),
-                    s.cache_bksh,
-                    mesh,
-                )
-                for old, new in ((cache[0], k_BKTH), (cache[1], v_BKTH))
+            k_BKHS = jax.lax.dynamic_update_slice(
+                cache[0], k_BKHT.astype(cache[0].dtype), (0, 0, 0, cache_index)
             )
-            cache = (k_BKSH, v_BKSH)
+            v_BKSH = jax.lax.dynamic_update_slice(
+                cache[1], v_BKTH.astype(cache[1].dtype), (0, 0, cache_index, 0)
+            )
+            cache = (constrain(k_BKHS, s.cache_bkhs, mesh), constrain(v_BKSH, s.cache_bksh, mesh))
+            k_BKHS, v_BKSH = cache
 
-        attn_BTNH = constrain(_attention(q_BTNH, k_BKSH, v_BKSH, allowed_BTS), s.act_btnh, mesh)
+        attn_BTNH = constrain(_attention(q_BTNH, k_BKHS, v_BKSH, allowed_BTS), s.act_btnh, mesh)
         out_BTD = _dense(attn_BTNH, self.o[...].astype(cdt), 2)
         if c.o_bias:
             out_BTD = out_BTD + self.o_bias[...].astype(cdt)
@@ -333,6 +336,7 @@ class Decoder(nnx.Module):
         cache: KVCache,
         cache_index: jax.Array | int,
         key_mask_BS: jax.Array,
+        layers: Sequence[DecoderLayers] | None = None,
     ) -> tuple[jax.Array, KVCache]:
         """Runs T new tokens per sequence, writing their keys/values at cache slots
         `cache_index .. cache_index+T-1`, and attending to every earlier valid slot.
@@ -343,16 +347,37 @@ class Decoder(nnx.Module):
           cache: the KV cache (S slots).
           cache_index: slot of the first new token (same for the whole batch).
           key_mask_BS: False for slots that never hold a real token (padding).
+          layers: the result of `layer_slices()`, computed once outside a decode loop (optional;
+            otherwise every layer's weights are sliced from the stacked arrays here).
 
         Returns:
           (h_BTD final-normed hidden states, the updated cache).
         """
         T = tokens_BT.shape[1]
-        S = cache.k[0].shape[2]
+        S = cache.v[0].shape[2]
         query_slot_T = cache_index + jnp.arange(T)
         causal_TS = jnp.arange(S)[None, :] <= query_slot_T[:, None]
         allowed_BTS = key_mask_BS.astype(bool)[:, None, :] & causal_TS[None]
-        return self._run(tokens_BT, positions_BT, allowed_BTS, cache=cache, cache_index=cache_index)
+        return self._run(
+            tokens_BT,
+            positions_BT,
+            allowed_BTS,
+            cache=cache,
+            cache_index=cache_index,
+            layers=layers,
+        )
+
+    def layer_slices(self) -> tuple[DecoderLayers, ...]:
+        """Each layer's parameters as its own module (slices of the stacked [L, ...] arrays).
+
+        Inside a jitted decode loop, slice once before the loop and pass the result to
+        `extend_cache`: XLA does not hoist the per-step weight slices out of the loop itself.
+        """
+        graphdef, state = nnx.split(self.layers)
+        return tuple(
+            nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], state))
+            for i in range(self.config.num_layers)
+        )
 
     def logits(self, h_BTD: jax.Array) -> jax.Array:
         """The output projection: logits_BTV in float32."""
@@ -365,18 +390,18 @@ class Decoder(nnx.Module):
 
     def init_cache(self, batch: int, length: int) -> KVCache:
         """A zero KV cache for `batch` sequences of `length` slots, in the compute dtype."""
-        c = self.config
-        shape = (batch, c.num_kv_heads, length, c.head_dim)
+        c, s = self.config, self.sharding
+        K, H = c.num_kv_heads, c.head_dim
 
-        def zeros():
-            return constrain(jnp.zeros(shape, c.compute_dtype), self.sharding.cache_bksh, self.mesh)
+        def zeros(shape, spec):
+            return constrain(jnp.zeros(shape, c.compute_dtype), spec, self.mesh)
 
         return KVCache(
-            k=tuple(zeros() for _ in range(c.num_layers)),
-            v=tuple(zeros() for _ in range(c.num_layers)),
+            k=tuple(zeros((batch, K, H, length), s.cache_bkhs) for _ in range(c.num_layers)),
+            v=tuple(zeros((batch, K, length, H), s.cache_bksh) for _ in range(c.num_layers)),
         )
 
-    def _run(self, tokens_BT, positions_BT, allowed_BTS, *, cache, cache_index):
+    def _run(self, tokens_BT, positions_BT, allowed_BTS, *, cache, cache_index, layers=None):
         c, s, mesh = self.config, self.sharding, self.mesh
         cdt = jnp.dtype(c.compute_dtype)
         tokens_BT = constrain(tokens_BT, s.tokens_bt, mesh)
@@ -399,19 +424,20 @@ class Decoder(nnx.Module):
         )
         if cache is None:
 
-            def body(x_BTD, params):
-                return apply(nnx.merge(graphdef, params), x_BTD, cache=None)[0], None
+            def block(x_BTD, params):
+                return apply(nnx.merge(graphdef, params), x_BTD, cache=None)[0]
 
             if c.remat:
-                body = jax.checkpoint(body, policy=jax.checkpoint_policies.nothing_saveable)
-            x_BTD, _ = jax.lax.scan(body, x_BTD, layer_state)
+                block = jax.checkpoint(block, policy=jax.checkpoint_policies.nothing_saveable)
+            if c.scan_layers:
+                x_BTD, _ = jax.lax.scan(lambda x, p: (block(x, p), None), x_BTD, layer_state)
+            else:
+                for layer in range(c.num_layers):
+                    x_BTD = block(x_BTD, jax.tree.map(lambda a, i=layer: a[i], layer_state))
         else:
             keys, values = [], []
-            for layer in range(c.num_layers):
-                params = jax.tree.map(lambda a, i=layer: a[i], layer_state)
-                x_BTD, (k, v) = apply(
-                    nnx.merge(graphdef, params), x_BTD, cache=(cache.k[layer], cache.v[layer])
-                )
+            for layer, block in enumerate(layers or self.layer_slices()):
+                x_BTD, (k, v) = apply(block, x_BTD, cache=(cache.k[layer], cache.v[layer]))
                 keys.append(k)
                 values.append(v)
             cache = KVCache(k=tuple(keys), v=tuple(values))

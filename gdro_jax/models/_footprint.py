@@ -21,7 +21,7 @@ class Footprint(NamedTuple):
     param_bytes: int  # all parameters, in the parameter dtype
     param_bytes_per_device: int
     adam_bytes_per_device: int  # AdamW first and second moments, float32
-    kv_cache_bytes_per_device: int  # L x [B, K, S, H] keys + values, in the compute dtype
+    kv_cache_bytes_per_device: int  # L x 2 x [B, K, S, H] keys and values, compute dtype
 
 
 def _shard_elements(shape, spec, axis_sizes) -> int:

@@ -55,6 +55,7 @@ class ShardingConfig:
     act_btkh: P = P(_BATCH, None, "tensor", None)
     act_btf: P = P(_BATCH, None, "tensor")
     logits_btv: P = P(_BATCH, None, "tensor")
+    cache_bkhs: P = P(_BATCH, "tensor", None, None)
     cache_bksh: P = P(_BATCH, "tensor", None, None)
     tokens_bt: P = P(_BATCH, None)
 

@@ -223,6 +223,7 @@ def _generate(
         prefix,
     )
     key_mask_RS = jnp.arange(S)[None, :] >= (P - lengths_R)[:, None]
+    layers = model.layer_slices()  # weights sliced once, outside the decode loop
 
     def record(state: _LoopState, logits_RV) -> _LoopState:
         token_R, logprob_R = sample(logits_RV, jax.random.fold_in(key, state.step))
@@ -248,6 +249,7 @@ def _generate(
             cache=state.cache,
             cache_index=P + t - 1,
             key_mask_BS=key_mask_RS,
+            layers=layers,
         )
         return record(state._replace(cache=cache), model.logits(h_R1D)[:, 0])
 
