@@ -1,0 +1,51 @@
+"""Metrics to disk: JSONL rows and TensorBoard event files."""
+
+import glob
+import json
+import math
+import struct
+
+import numpy as np
+
+from gdro_jax import train
+
+
+def test_writer_appends_one_json_object_per_step_and_tensorboard_events(tmp_path):
+    with train.MetricsWriter(tmp_path) as writer:
+        writer.write(1, {"reward": np.float32(0.25), "bin/q": np.array([0.5, 0.5, 0.0])})
+        writer.write(2, {"reward": np.float32(np.nan), "bin/q": np.array([1.0, 0.0, 0.0])})
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 2
+    first, second = (json.loads(line) for line in lines)
+    assert first == {"step": 1, "reward": 0.25, "bin/q": [0.5, 0.5, 0.0]}
+    assert second["reward"] == "nan" and math.isnan(float(second["reward"]))
+    assert train.read_metrics(tmp_path / "metrics.jsonl")[1]["bin/q"] == [1.0, 0.0, 0.0]
+    events = glob.glob(str(tmp_path / "tb" / "events.out.tfevents.*"))
+    assert len(events) == 1
+
+    scalars = _read_scalars(events[0])
+    assert scalars["bin/q/1"] == [(1, 0.5), (2, 0.0)]
+    assert scalars["reward"][0] == (1, 0.25)
+
+
+def _read_scalars(path):
+    """Reads (step, value) pairs per tag from a TensorBoard event file (TFRecord framing)."""
+    from tensorboardX.proto import event_pb2
+
+    scalars = {}
+    with open(path, "rb") as file:
+        while header := file.read(12):
+            (length,) = struct.unpack("<Q", header[:8])
+            event = event_pb2.Event.FromString(file.read(length))
+            file.read(4)  # the data's checksum
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
+    return scalars
+
+
+def test_writer_appends_to_an_existing_file(tmp_path):
+    with train.MetricsWriter(tmp_path, tensorboard=False) as writer:
+        writer.write(1, {"reward": 1.0})
+    with train.MetricsWriter(tmp_path, tensorboard=False) as writer:
+        writer.write(2, {"reward": 2.0})
+    assert [row["step"] for row in train.read_metrics(tmp_path / "metrics.jsonl")] == [1, 2]
