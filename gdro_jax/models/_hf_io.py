@@ -221,6 +221,7 @@ def from_pretrained(
     mesh: Mesh | None = None,
     sharding: ShardingConfig | None = None,
     remat: bool = False,
+    scan_layers: bool = True,
 ) -> Decoder:
     """Loads a HuggingFace Qwen3 / Llama / Qwen2 model folder into a Decoder.
 
@@ -233,6 +234,8 @@ def from_pretrained(
         for one device.
       sharding: parameter/activation specs (default ShardingConfig()).
       remat: recompute block activations in the backward pass.
+      scan_layers: run a full forward pass's blocks as one `lax.scan` (False: unrolled, faster
+        on CPU; see DecoderConfig).
 
     Returns:
       The Decoder, its parameters placed on their shards.
@@ -249,6 +252,7 @@ def from_pretrained(
         param_dtype=jnp.dtype(dtype).name,
         compute_dtype=jnp.dtype(compute_dtype or dtype).name,
         remat=remat,
+        scan_layers=scan_layers,
     )
     abstract = abstract_decoder(config, sharding=sharding, mesh=mesh)
     graphdef, abstract_state = nnx.split(abstract)

@@ -79,12 +79,16 @@ def _train_step(model, optimizer, ids, positions, mask):
 _train_step_jit = nnx.jit(_train_step)
 
 
-def test_sharded_rematerialised_training_step_equals_single_device():
-    """Two AdamW steps: one device without remat vs the 8-device mesh with remat."""
+def test_sharded_rematerialised_unrolled_training_step_equals_single_device():
+    """Two AdamW steps: one device (scanned blocks) vs the 8-device mesh with remat and
+    unrolled blocks."""
     ids, mask, positions = (jnp.asarray(a) for a in BATCH)
     results = []
-    for mesh, remat in ((None, False), (make_mesh(data=2, fsdp=2, tensor=2), True)):
-        model = init_decoder(DecoderConfig.tiny(remat=remat), seed=1, mesh=mesh)
+    for mesh, options in (
+        (None, dict()),
+        (make_mesh(data=2, fsdp=2, tensor=2), dict(remat=True, scan_layers=False)),
+    ):
+        model = init_decoder(DecoderConfig.tiny(**options), seed=1, mesh=mesh)
         # eps well above float32 noise: Adam divides by sqrt(v), which would blow up 1e-9
         # reduction-order differences in near-zero gradients into lr-sized update differences.
         optimizer = nnx.Optimizer(model, optax.adamw(1e-2, eps=1e-3), wrt=nnx.Param)
