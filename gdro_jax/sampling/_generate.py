@@ -299,8 +299,8 @@ def generate(
     """Samples completions of a batch of prompts with a KV cache, in one compiled loop.
 
     Compiles once per (number of prompts, number of slots, padded prompt length, max_new_tokens,
-    top_k, greedy or not, top-p on or off); temperature, top_p values, eos ids and the slot map are
-    traced, so changing them does not recompile.
+    top_k, greedy or not, top-p on or off, number of stop ids); the temperature and top_p values,
+    the stop ids, the slot map and the key are traced, so changing them does not recompile.
 
     Args:
       model: the Decoder (sharded or not).
