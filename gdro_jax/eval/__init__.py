@@ -1,0 +1,21 @@
+"""Evaluation: the unbiased pass@k estimator, mean@k, bootstrap summaries, and the chain-task
+harness (k samples per problem, per-level and pooled tables)."""
+
+from gdro_jax.eval._passk import PassSummary, mean_at_k, pass_at_k, summarize_counts
+from gdro_jax.eval._task_eval import (
+    TaskEvaluation,
+    evaluate_task,
+    format_level_table,
+    sample_correct_counts,
+)
+
+__all__ = [
+    "PassSummary",
+    "TaskEvaluation",
+    "evaluate_task",
+    "format_level_table",
+    "mean_at_k",
+    "pass_at_k",
+    "sample_correct_counts",
+    "summarize_counts",
+]
