@@ -1,5 +1,6 @@
 """Training: the TrainState pytree, the GRPO/GDRO step, the loop, metrics, and the warm start."""
 
+from gdro_jax.train._demo import run_demo
 from gdro_jax.train._loop import (
     METHODS,
     Run,
@@ -10,6 +11,13 @@ from gdro_jax.train._loop import (
     train,
 )
 from gdro_jax.train._metrics import MetricsWriter, read_metrics
+from gdro_jax.train._pretrain import (
+    PretrainResult,
+    check_frontier,
+    pretrain,
+    pretrain_model,
+    supervised_loss,
+)
 from gdro_jax.train._state import TrainState, init_train_state
 from gdro_jax.train._step import GRPOConfig, Rollouts, make_update, sample_rollouts, step_metrics
 
@@ -17,17 +25,23 @@ __all__ = [
     "METHODS",
     "GRPOConfig",
     "MetricsWriter",
+    "PretrainResult",
     "Rollouts",
     "Run",
     "TrainState",
     "build_controllers",
     "build_run",
+    "check_frontier",
     "init_train_state",
     "make_optimizer",
     "make_update",
+    "pretrain",
+    "pretrain_model",
     "read_metrics",
+    "run_demo",
     "run_step",
     "sample_rollouts",
     "step_metrics",
+    "supervised_loss",
     "train",
 ]

@@ -1,0 +1,61 @@
+"""The CPU warm start of `make demo`: a 0.79M-parameter Qwen3-shaped policy on the chain task.
+
+Trains by teacher forcing on worked solutions of chains of 1-8 operations (level shares
+1.5^-level), batches of 128, Adam with warmup and cosine decay, then checks SPEC 11's frontier on
+the validation split (8 samples per problem at T=1). `task` and `model` match
+`experiments/configs/tiny_cpu.py`, so the RL runs load this folder with `init_from`.
+"""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+    config = ml_collections.ConfigDict()
+    config.seed = 0  # parameter initialisation
+    config.progress = True
+    # The task: must match the RL config's `task` (its held-out splits are kept out of training).
+    config.task = ml_collections.ConfigDict(
+        dict(
+            num_levels=8,
+            tail_base=1.5,
+            pool_size=384,
+            validation_per_level=32,
+            test_per_level=100,
+            seed=0,
+        )
+    )
+    config.model = ml_collections.ConfigDict(
+        dict(
+            vocab_size=18,
+            d_model=128,
+            num_layers=4,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=32,
+            mlp_dim=384,
+            rope_theta=10_000.0,
+            max_position_embeddings=128,
+        )
+    )
+    config.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=1))
+    config.train = ml_collections.ConfigDict(
+        dict(
+            steps=400,
+            batch_size=128,
+            learning_rate=2e-3,
+            warmup_steps=20,
+            end_lr_fraction=0.0,
+            b1=0.9,
+            b2=0.999,
+            eps=1e-8,
+            weight_decay=0.0,
+            grad_clip=1.0,
+            tail_base=1.5,  # level shares of the warm-start data
+            data_seed=0,
+        )
+    )
+    config.eval = ml_collections.ConfigDict(
+        dict(num_samples=8, temperature=1.0, top_p=1.0, top_k=0, batch_size=32, seed=0)
+    )
+    config.frontier = ml_collections.ConfigDict(dict(easiest_min_pass1=0.8, hardest_max_pass1=0.05))
+    return config

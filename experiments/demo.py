@@ -1,0 +1,23 @@
+"""The miniature study (`make demo`): warm start, RL per method at equal compute, table, plots.
+
+    python -m experiments.demo --config=experiments/configs/demo.py --workdir=runs/demo \
+        [--config.methods=grpo,gdro_both --config.train.steps=60]
+"""
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from gdro_jax.train import run_demo
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Demo config file.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Folder for every run, the table and the plots.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+    del argv
+    run_demo(_CONFIG.value, _WORKDIR.value)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,26 @@
+"""Warm start: supervised training of the policy on the chain task's worked solutions.
+
+    python -m experiments.pretrain --config=experiments/configs/pretrain_tiny.py \
+        --workdir=runs/warm_start [--config.train.steps=400 --config.seed=0 ...]
+
+Writes `WORKDIR/model` (an HF folder), `WORKDIR/tokenizer` and `WORKDIR/frontier.json`, prints the
+per-level validation table, and reuses the folder when the config is unchanged.
+"""
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from gdro_jax.train import pretrain
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Warm-start config file.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Folder for the model, tokenizer and metrics.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+    del argv
+    print(pretrain(_CONFIG.value, _WORKDIR.value))
+
+
+if __name__ == "__main__":
+    app.run(main)

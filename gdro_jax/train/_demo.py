@@ -1,0 +1,200 @@
+"""The miniature study of `make demo`: warm start, equal-compute RL runs per method, a table, plots.
+
+    warm start (reused when its config is unchanged) -> for each method: RL run from the warm
+    start with the same steps, prompts per step, rollouts per step and max new tokens -> held-out
+    evaluation (unbiased pass@k per level and pooled, bootstrap intervals) -> table and plots.
+
+Everything lands in the work directory: `warm_start/`, one folder per method (metrics.jsonl,
+TensorBoard events, eval.json), `table.txt`, `results.json` and the PNG plots.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import pathlib
+import time
+from typing import Any
+
+import jax
+import matplotlib
+import ml_collections
+import numpy as np
+from flax import nnx
+
+from gdro_jax import eval as evaluation
+from gdro_jax import models, tasks
+from gdro_jax.train._loop import train
+from gdro_jax.train._metrics import read_metrics
+from gdro_jax.train._pretrain import pretrain
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+BASELINE = "warm_start"
+
+
+def _evaluate(model, task_config, rows, eval_config, progress):
+    return evaluation.evaluate_task(
+        model,
+        rows,
+        task_config,
+        key=jax.random.key(eval_config.seed),
+        num_samples=eval_config.num_samples,
+        temperature=eval_config.temperature,
+        top_p=eval_config.top_p,
+        top_k=eval_config.top_k,
+        batch_size=eval_config.batch_size,
+        progress=progress,
+    )
+
+
+def format_comparison(results: dict[str, evaluation.TaskEvaluation], ks=(1, 8)) -> str:
+    """One table: rows are levels and `pooled`; for each method, pass@k for every k in `ks`."""
+    methods = list(results)
+    levels = list(next(iter(results.values())).by_level)
+    header = f"{'level':>7} " + " ".join(
+        f"{f'{m} pass@{k}':>{max(len(m) + 7, 14)}}" for m in methods for k in ks
+    )
+    lines = [header]
+    for level in [*levels, None]:
+        name = "pooled" if level is None else f"L{level}"
+        cells = []
+        for m in methods:
+            for k in ks:
+                width = max(len(m) + 7, 14)
+                cells.append(f"{results[m].pass_at(k, level):>{width}.3f}")
+        lines.append(f"{name:>7} " + " ".join(cells))
+    return "\n".join(lines)
+
+
+def _plot_rewards(workdir: pathlib.Path, methods: list[str]) -> None:
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for method in methods:
+        rows = read_metrics(workdir / method / "metrics.jsonl")
+        steps = [r["step"] for r in rows]
+        reward = np.asarray([r["reward"] for r in rows])
+        window = max(1, len(reward) // 8)
+        smooth = np.convolve(reward, np.ones(window) / window, mode="valid")
+        ax.plot(steps[window - 1 :], smooth, label=method)
+    ax.set_xlabel("RL step")
+    ax.set_ylabel(f"mean reward (moving average of {window})")
+    ax.set_title("Training reward (equal rollouts per step)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(workdir / "reward.png", dpi=120)
+    plt.close(fig)
+
+
+def _plot_pass_at_k(
+    workdir: pathlib.Path, results: dict[str, evaluation.TaskEvaluation], k: int
+) -> None:
+    methods = list(results)
+    levels = list(next(iter(results.values())).by_level)
+    labels = [f"L{lv}" for lv in levels] + ["pooled"]
+    width = 0.8 / len(methods)
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    for i, method in enumerate(methods):
+        summaries = [results[method].by_level[lv] for lv in levels] + [results[method].pooled]
+        values = np.asarray([s.pass_at[k - 1] for s in summaries])
+        low = np.asarray([s.pass_interval[k - 1][0] for s in summaries])
+        high = np.asarray([s.pass_interval[k - 1][1] for s in summaries])
+        x = np.arange(len(labels)) + (i - (len(methods) - 1) / 2) * width
+        ax.bar(x, values, width, label=method, yerr=[values - low, high - values], capsize=2)
+    ax.set_xticks(np.arange(len(labels)), labels)
+    ax.set_ylabel(f"held-out pass@{k}")
+    ax.set_ylim(0, 1.05)
+    ax.set_title(f"pass@{k} per level (bootstrap 95% intervals)")
+    ax.legend(fontsize=7, ncol=len(methods))
+    fig.tight_layout()
+    fig.savefig(workdir / f"pass_at_{k}.png", dpi=120)
+    plt.close(fig)
+
+
+def _plot_curriculum(workdir: pathlib.Path, methods: list[str]) -> None:
+    """Prompt-GDRO's q over step x bin, and rollouts per prompt by bin, for each method."""
+    fig, axes = plt.subplots(2, len(methods), figsize=(3.2 * len(methods), 5.5), squeeze=False)
+    for j, method in enumerate(methods):
+        rows = read_metrics(workdir / method / "metrics.jsonl")
+        q = np.asarray([r["bin/q"] for r in rows]).T
+        per_prompt = np.asarray([r["bin/rollouts_per_prompt"] for r in rows]).T
+        axes[0, j].imshow(q, aspect="auto", origin="lower", cmap="viridis", vmin=0)
+        axes[0, j].set_title(f"{method}: q(bin)", fontsize=9)
+        axes[0, j].set_ylabel("bin (0 hardest)")
+        image = axes[1, j].imshow(per_prompt, aspect="auto", origin="lower", cmap="magma")
+        axes[1, j].set_title("rollouts per prompt", fontsize=9)
+        axes[1, j].set_xlabel("RL step")
+        fig.colorbar(image, ax=axes[1, j], fraction=0.05)
+    fig.tight_layout()
+    fig.savefig(workdir / "curriculum.png", dpi=120)
+    plt.close(fig)
+
+
+def run_demo(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict[str, Any]:
+    """Runs the miniature study; returns the per-method evaluations and timings.
+
+    Args:
+      config: `pretrain` (a pretrain config), `train` (an RL config whose `task` and `model`
+        match it), `methods` (comma-separated), `eval` (samples and sampling settings for the
+        held-out test split), `progress`.
+      workdir: the output folder.
+
+    Returns:
+      A dict with `results` (method -> `TaskEvaluation`, the warm start included), `table`
+      and `seconds` (wall time per phase).
+    """
+    workdir = pathlib.Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    seconds: dict[str, float] = {}
+    start = time.perf_counter()
+    model_dir = pretrain(config.pretrain, workdir / BASELINE)
+    seconds["warm_start"] = time.perf_counter() - start
+
+    task_config = tasks.ChainTaskConfig(**config.train.task.to_dict())
+    test_rows = tasks.build_splits(task_config).test
+    methods = [m for m in config.methods.split(",") if m]
+    results: dict[str, evaluation.TaskEvaluation] = {}
+
+    # The warm start's own row: the same evaluation before any RL.
+    start = time.perf_counter()
+    warm = models.from_pretrained(model_dir)
+    results[BASELINE] = _evaluate(warm, task_config, test_rows, config.eval, config.progress)
+    seconds[f"eval/{BASELINE}"] = time.perf_counter() - start
+
+    for method in methods:
+        run_config = copy.deepcopy(config.train)
+        run_config.method = method
+        run_config.init_from = str(model_dir)
+        run_config.progress = config.progress
+        start = time.perf_counter()
+        out = train(run_config, workdir / method)
+        seconds[f"train/{method}"] = time.perf_counter() - start
+        start = time.perf_counter()
+        policy = nnx.merge(out["run"].graphdef, out["state"].params)
+        result = _evaluate(policy, task_config, test_rows, config.eval, config.progress)
+        seconds[f"eval/{method}"] = time.perf_counter() - start
+        (workdir / method / "eval.json").write_text(json.dumps(result.to_dict(), indent=2))
+        results[method] = result
+
+    table = format_comparison(results, ks=(1, config.eval.num_samples))
+    (workdir / "table.txt").write_text(table + "\n")
+    _plot_rewards(workdir, methods)
+    _plot_pass_at_k(workdir, results, config.eval.num_samples)
+    _plot_curriculum(workdir, methods)
+    summary = {
+        "methods": methods,
+        "seconds": seconds,
+        "results": {m: r.to_dict() for m, r in results.items()},
+        "sampled_tokens": {
+            m: float(sum(r["tokens"] for r in read_metrics(workdir / m / "metrics.jsonl")))
+            for m in methods
+        },
+    }
+    (workdir / "results.json").write_text(json.dumps(summary, indent=2))
+    print(
+        f"\nheld-out test split ({len(test_rows)} problems), {config.eval.num_samples} samples "
+        f"at T={config.eval.temperature}; unbiased pass@k\n{table}"
+    )
+    print("sampled tokens during RL:", summary["sampled_tokens"])
+    print("wall seconds:", {k: round(v, 1) for k, v in seconds.items()})
+    return {"results": results, "table": table, "seconds": seconds}
