@@ -45,7 +45,7 @@ from gdro_jax import models, tasks
 from gdro_jax.models._sharding import fit_spec
 
 # Bump when a change to this module changes what a config trains, so old folders are not reused.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: batches in data order (1 shuffled them, with optional length buckets)
 MODEL_DIR = "model"
 TOKENIZER_DIR = "tokenizer"
 FRONTIER_FILE = "frontier.json"
@@ -389,6 +389,7 @@ def pretrain(
             "steps": config.train.steps,
             "first_loss": float(trained.losses[0]),
             "final_loss": float(trained.losses[-1]),
+            "losses": trained.losses.tolist(),
             "wall_seconds": trained.seconds,
             "cpu_seconds": train_cpu_seconds,
         },

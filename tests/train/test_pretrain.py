@@ -168,7 +168,7 @@ def test_sharded_training_matches_one_device():
     config = _tiny_config()
     config.train.update(steps=2, warmup_steps=0)
     one = _pretrain.pretrain_model(config)
-    mesh = models.make_mesh(data=4, fsdp=2)
+    mesh = models.make_mesh(data=2, fsdp=2)
     sharded = _pretrain.pretrain_model(config, mesh=mesh)
     np.testing.assert_allclose(sharded.losses, one.losses, rtol=1e-5)
     tokens_BQ = jnp.asarray(_batch(config).tokens)
