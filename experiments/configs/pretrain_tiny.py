@@ -12,41 +12,22 @@ level 8 0.016-0.039 and level 8 pass@8 0.09-0.16. Training took 169 s wall (307 
 
 The frontier moves in jumps with steps, tail and batch order. With 220 steps and 2^-level it
 only just passed (level 1 0.84, level 8 0.008). With 240 steps and 2^-level, level 8 was 0.
-Re-check it after any change to the model or training code. `task` and `model` match
-`experiments/configs/tiny_cpu.py`, so the RL runs load this folder with `init_from`.
+Re-check it after any change to the model or training code. `task` and `model` come from
+`chain_setup.py`, shared with `tiny_cpu.py`, so the RL runs load this folder with `init_from`.
 """
 
 import ml_collections
+
+from experiments.configs import chain_setup
 
 
 def get_config() -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
     config.seed = 0  # parameter initialisation
     config.progress = True
-    # The task: must match the RL config's `task` (its held-out splits are kept out of training).
-    config.task = ml_collections.ConfigDict(
-        dict(
-            num_levels=8,
-            tail_base=1.5,
-            pool_size=384,
-            validation_per_level=32,
-            test_per_level=100,
-            seed=0,
-        )
-    )
-    config.model = ml_collections.ConfigDict(
-        dict(
-            vocab_size=18,
-            d_model=128,
-            num_layers=4,
-            num_heads=4,
-            num_kv_heads=2,
-            head_dim=32,
-            mlp_dim=384,
-            rope_theta=10_000.0,
-            max_position_embeddings=128,
-        )
-    )
+    # The task and the policy shape: shared with the other config (see chain_setup.py).
+    config.task = chain_setup.task()
+    config.model = chain_setup.model()
     config.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=1))
     config.train = ml_collections.ConfigDict(
         dict(

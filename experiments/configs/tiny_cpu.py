@@ -7,6 +7,8 @@ Every field can be overridden, e.g. `--config.method=gdro_both --config.steps=60
 
 import ml_collections
 
+from experiments.configs import chain_setup
+
 
 def get_config() -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
@@ -20,32 +22,11 @@ def get_config() -> ml_collections.ConfigDict:
     config.n_mean = 4
     config.max_new_tokens = 48  # the task's longest solution (8 levels: 6 * 8 tokens)
     config.reward_values = (-1.0, 1.0)
-    # The task: 8 levels, heavy tail 1.5^-level; pool <= steps x prompts / 5 for revisits.
-    config.task = ml_collections.ConfigDict(
-        dict(
-            num_levels=8,
-            tail_base=1.5,
-            pool_size=384,
-            validation_per_level=32,
-            test_per_level=100,
-            seed=0,
-        )
-    )
+    # The task and the policy shape: shared with the other config (see chain_setup.py).
+    config.task = chain_setup.task()
     # The policy: a warm-start folder, or a random Qwen3-shaped model of this shape.
     config.init_from = ""
-    config.model = ml_collections.ConfigDict(
-        dict(
-            vocab_size=18,
-            d_model=128,
-            num_layers=4,
-            num_heads=4,
-            num_kv_heads=2,
-            head_dim=32,
-            mlp_dim=384,
-            rope_theta=10_000.0,
-            max_position_embeddings=128,
-        )
-    )
+    config.model = chain_setup.model()
     config.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=1))
     config.optimizer = ml_collections.ConfigDict(
         dict(
