@@ -21,8 +21,6 @@ from gdro_jax.sim._learner import (
     PromptSet,
     exact_pass_at_k,
     initial_skill_logits,
-    level_counts,
-    level_shares,
     per_level_mean,
     prompt_levels,
     sample_prompt_set,
@@ -58,6 +56,7 @@ from gdro_jax.sim._simulate import (
     seed_keys,
     simulate,
 )
+from gdro_jax.tasks._config import level_counts, level_shares  # shared with the chain task
 
 __all__ = [
     "EXPERIMENT_KEYS",

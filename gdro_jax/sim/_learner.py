@@ -39,48 +39,6 @@ class PromptSet(NamedTuple):
     offset_P: jax.Array  # [P] float32
 
 
-def level_shares(num_levels: int, tail_base: float) -> np.ndarray:
-    """Returns the heavy-tailed share of each level, proportional to `tail_base ** -level`.
-
-    Args:
-      num_levels: L, the number of levels (>= 1).
-      tail_base: the ratio between the shares of consecutive levels (>= 1; 1 is uniform).
-
-    Returns:
-      float64[L] shares of levels 1..L, summing to 1.
-    """
-    if num_levels < 1:
-        raise ValueError(f"num_levels must be >= 1, got {num_levels}")
-    if tail_base < 1.0:
-        raise ValueError(f"tail_base must be >= 1, got {tail_base}")
-    weights = float(tail_base) ** -np.arange(1, num_levels + 1, dtype=np.float64)
-    return weights / weights.sum()
-
-
-def level_counts(total: int, num_levels: int, tail_base: float) -> np.ndarray:
-    """Splits `total` prompts over the levels by `level_shares`, every level getting at least one.
-
-    Uses largest remainders, so the counts sum to `total` exactly and are deterministic.
-
-    Args:
-      total: number of prompts (>= num_levels).
-      num_levels: L.
-      tail_base: see `level_shares`.
-
-    Returns:
-      int64[L] counts of levels 1..L.
-    """
-    if total < num_levels:
-        raise ValueError(f"total must be >= num_levels={num_levels}, got {total}")
-    shares = level_shares(num_levels, tail_base)
-    # One prompt per level first, the rest split by share, so the rarest level is never empty.
-    ideal = shares * (total - num_levels)
-    counts = np.floor(ideal).astype(np.int64)
-    order = np.argsort(-(ideal - counts), kind="stable")
-    counts[order[: total - num_levels - counts.sum()]] += 1
-    return counts + 1
-
-
 def prompt_levels(counts_L: np.ndarray) -> np.ndarray:
     """Returns int32[sum(counts)] levels 1..L, sorted, from per-level counts."""
     counts_L = np.asarray(counts_L)

@@ -33,15 +33,16 @@ def level_shares(num_levels: int, tail_base: float) -> np.ndarray:
 
     Args:
       num_levels: L, the number of levels (>= 1).
-      tail_base: the ratio between the shares of consecutive levels (> 1).
+      tail_base: the ratio between the shares of consecutive levels (finite, >= 1; 1 is
+        uniform). The chain task's pool asks for > 1 (`ChainTaskConfig`); the simulator allows 1.
 
     Returns:
       float64[L] shares of levels 1..L, summing to 1.
     """
     if isinstance(num_levels, bool) or not isinstance(num_levels, int) or num_levels < 1:
         raise ValueError(f"num_levels must be an int >= 1, got num_levels={num_levels!r}")
-    if not (math.isfinite(tail_base) and tail_base > 1.0):
-        raise ValueError(f"tail_base must be finite and > 1, got tail_base={tail_base!r}")
+    if not (math.isfinite(tail_base) and tail_base >= 1.0):
+        raise ValueError(f"tail_base must be finite and >= 1, got tail_base={tail_base!r}")
     weights = float(tail_base) ** -np.arange(1, num_levels + 1, dtype=np.float64)
     return weights / weights.sum()
 
