@@ -1,0 +1,39 @@
+"""The chain task and the policy shape shared by the warm start and the RL runs.
+
+`pretrain_tiny.py` and `tiny_cpu.py` both take their `task` and `model` from here: an RL run
+loads the warm-start folder with `init_from`, so both must describe the same task (its held-out
+splits stay out of training) and the same architecture.
+"""
+
+import ml_collections
+
+
+def task() -> ml_collections.ConfigDict:
+    """8 levels with a heavy tail (share 1.5^-level); pool <= steps x prompts / 5 for revisits."""
+    return ml_collections.ConfigDict(
+        dict(
+            num_levels=8,
+            tail_base=1.5,
+            pool_size=384,
+            validation_per_level=32,
+            test_per_level=100,
+            seed=0,
+        )
+    )
+
+
+def model() -> ml_collections.ConfigDict:
+    """A 0.79M-parameter Qwen3-shaped policy over the task's 18 symbols (4 layers, GQA 4/2)."""
+    return ml_collections.ConfigDict(
+        dict(
+            vocab_size=18,
+            d_model=128,
+            num_layers=4,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=32,
+            mlp_dim=384,
+            rope_theta=10_000.0,
+            max_position_embeddings=128,
+        )
+    )
