@@ -35,6 +35,7 @@ from gdro_jax.controllers._rollout_gdro import (
     integer_allocation,
     rollout_gdro,
 )
+from gdro_jax.controllers._segments import segment_mean
 
 __all__ = [
     "DEFAULT_EDGES",
@@ -57,5 +58,6 @@ __all__ = [
     "per_visit_statistic",
     "prompt_gdro",
     "rollout_gdro",
+    "segment_mean",
     "slots_from_counts",
 ]

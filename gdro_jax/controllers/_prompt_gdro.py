@@ -26,6 +26,8 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
+from gdro_jax.controllers._segments import segment_mean
+
 # Per-prompt losses are clipped to this magnitude before averaging, so that segment sums over a
 # batch cannot overflow float32 (a batch of 1e5 prompts at 1e30 sums to 1e35 < 3.4e38).
 LOSS_BOUND = 1e30
@@ -142,9 +144,7 @@ def prompt_gdro(
             keep &= jnp.asarray(valid, bool)
         # Documented rule: a NaN or infinite loss is ignored (its prompt leaves the bin's mean).
         losses = jnp.where(keep, jnp.clip(losses, -LOSS_BOUND, LOSS_BOUND), 0.0)
-        count = jax.ops.segment_sum(keep.astype(jnp.float32), bins, num_segments=num_bins)
-        total = jax.ops.segment_sum(losses, bins, num_segments=num_bins)
-        return total / jnp.maximum(count, 1.0), count
+        return segment_mean(losses, bins, keep.astype(jnp.float32), num_bins)
 
     def present_bins(bins: jax.Array, valid: ArrayLike | None) -> jax.Array:
         keep = jnp.ones(bins.shape, bool) if valid is None else jnp.asarray(valid, bool)

@@ -28,6 +28,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from gdro_jax.controllers._segments import segment_mean
+
 # Variances below _TINY count as zero and above _HUGE are capped, so every gain, square root and
 # log stays a finite float32.
 _TINY = 1e-30
@@ -299,13 +301,6 @@ def arms_allocation(log_probs_NA: jax.typing.ArrayLike, *, n_min: int, total: in
     return (n_min + arm_N).astype(jnp.int32)
 
 
-def _segment_mean(values_N: jax.Array, bins_N: jax.Array, weight_N: jax.Array, num_bins: int):
-    """Per-bin weighted mean of ``values_N`` and the per-bin weight; empty bins give 0."""
-    count_B = jax.ops.segment_sum(weight_N, bins_N, num_segments=num_bins)
-    total_B = jax.ops.segment_sum(weight_N * values_N, bins_N, num_segments=num_bins)
-    return total_B / jnp.maximum(count_B, 1.0), count_B
-
-
 def rollout_gdro(
     num_bins: int = 10,
     n_min: int = 2,
@@ -431,7 +426,7 @@ def rollout_gdro(
 
     def batch_proxy(bins, p_N, weight_N):
         """[B] Bernoulli-family proxy of this batch from per-prompt success probabilities."""
-        mean_B, _ = _segment_mean(bernoulli_term(p_N), bins, weight_N, num_bins)
+        mean_B, _ = segment_mean(bernoulli_term(p_N), bins, weight_N, num_bins)
         return reward_scale * jnp.maximum(mean_B, variance_floor)
 
     def variance_used(state, bins, p_hat):
@@ -495,10 +490,10 @@ def rollout_gdro(
         observation_B = None
         if proxy == "empirical":
             if losses is not None:
-                mean_B, _ = _segment_mean(losses, bins, weight_N, num_bins)
+                mean_B, _ = segment_mean(losses, bins, weight_N, num_bins)
                 # Two-pass variance: E[l^2] - E[l]^2 cancels badly in float32.
                 deviation_N = losses - mean_B[jnp.clip(bins, 0, num_bins - 1)]
-                var_B, _ = _segment_mean(deviation_N**2, bins, weight_N, num_bins)
+                var_B, _ = segment_mean(deviation_N**2, bins, weight_N, num_bins)
                 observation_B = jnp.maximum(var_B, variance_floor)
         elif p_hat is not None:
             observation_B = batch_proxy(
@@ -527,8 +522,8 @@ def rollout_gdro(
         if losses is None or num_rollouts is None:
             raise ValueError("update in mode='arms' needs losses and num_rollouts")
         rollouts_N = check_batch(bins, "num_rollouts", num_rollouts, jnp.int32)
-        mean_loss_B, _ = _segment_mean(losses, bins, weight_N, num_bins)
-        mean_n_B, count_B = _segment_mean(rollouts_N.astype(jnp.float32), bins, weight_N, num_bins)
+        mean_loss_B, _ = segment_mean(losses, bins, weight_N, num_bins)
+        mean_n_B, count_B = segment_mean(rollouts_N.astype(jnp.float32), bins, weight_N, num_bins)
         delta_B = jnp.where(present_B, mean_loss_B - state.mu * (mean_n_B - n_mean), 0.0)
         # Deviation: the released code gives a bin one arm; the per-prompt DP may give a bin's
         # prompts several, so delta_b is split over them by usage (the same when only one is used).

@@ -27,7 +27,7 @@ from jax.sharding import PartitionSpec as P
 from tqdm.auto import tqdm
 
 from gdro_jax import controllers, models, tasks
-from gdro_jax.models._sharding import fit_spec
+from gdro_jax.models import fit_spec
 from gdro_jax.train._metrics import MetricsWriter
 from gdro_jax.train._state import TrainState, init_train_state, state_shardings
 from gdro_jax.train._step import GRPOConfig, make_update, sample_rollouts
@@ -220,7 +220,8 @@ def run_step(run: Run, state: TrainState, prompt_ids: np.ndarray):
     """One RL step. Returns `(state, metrics, seconds)` with seconds split by phase."""
     times = {}
     start = time.perf_counter()
-    key = jax.random.fold_in(jax.random.key(run.config.seed + 1), int(state.step))
+    # `state.step` stays on the device (no host sync); fold_in gives the same key as its int.
+    key = jax.random.fold_in(jax.random.key(run.config.seed + 1), state.step)
     plan_key, sample_key = jax.random.split(key)
     ids = jnp.asarray(prompt_ids, jnp.int32)
     if run.mesh is not None:

@@ -42,7 +42,7 @@ from tqdm.auto import tqdm
 
 from gdro_jax import eval as evaluation
 from gdro_jax import models, tasks
-from gdro_jax.models._sharding import fit_spec
+from gdro_jax.models import fit_spec
 
 # Bump when a change to this module changes what a config trains, so old folders are not reused.
 FORMAT_VERSION = 2  # 2: batches in data order (1 shuffled them, with optional length buckets)
