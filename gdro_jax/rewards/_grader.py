@@ -201,6 +201,47 @@ class MathGrader:
         self._slots[position] = self._start_worker()
         self._restarts += 1
 
+    def _count_startup_death(self, slot: _Slot) -> None:
+        self._startup_failures += 1
+        if self._startup_failures >= _MAX_STARTUP_FAILURES:
+            raise RuntimeError(
+                f"grading workers died while starting {self._startup_failures} times in a row "
+                f"(last exit code {slot.process.poll()})"
+            )
+
+    def _mark_ready(self, slot: _Slot, message: tuple) -> None:
+        if message[0] == "error":
+            raise RuntimeError(f"a grading worker failed to start:\n{message[1]}")
+        slot.ready = True
+        self._startup_failures = 0
+
+    def wait_ready(self) -> None:
+        """Blocks until every worker has started (imported math-verify).
+
+        Grading does not need this (items go to workers as they become ready); it lets a caller
+        pay the start-up before a timed section.
+
+        Raises:
+          RuntimeError: when a worker fails to start or takes over `startup_timeout_s`.
+        """
+        if not self._finalizer.alive:
+            raise RuntimeError("the grader is closed")
+        for position in range(len(self._slots)):
+            while not self._slots[position].ready:
+                slot = self._slots[position]
+                remaining_s = slot.started_at + self._startup_timeout_s - time.monotonic()
+                if remaining_s <= 0 or not slot.connection.poll(remaining_s):
+                    raise RuntimeError(
+                        f"a grading worker did not start within {self._startup_timeout_s} s"
+                    )
+                try:
+                    message = slot.connection.recv()
+                except (EOFError, OSError):
+                    self._count_startup_death(slot)
+                    self._replace(position)
+                    continue
+                self._mark_ready(slot, message)
+
     @property
     def pids(self) -> list[int]:
         """The current worker processes' ids (they change when workers are replaced)."""
@@ -362,19 +403,11 @@ class MathGrader:
                     message = connection.recv()
                 except (EOFError, OSError):
                     if not slot.ready:
-                        self._startup_failures += 1
-                        if self._startup_failures >= _MAX_STARTUP_FAILURES:
-                            raise RuntimeError(
-                                f"grading workers died while starting {self._startup_failures} "
-                                f"times in a row (last exit code {slot.process.poll()})"
-                            ) from None
+                        self._count_startup_death(slot)
                     lose_worker(position, CRASH)
                     continue
-                if message[0] == "ready":
-                    slot.ready = True
-                    self._startup_failures = 0
-                elif message[0] == "error":
-                    raise RuntimeError(f"a grading worker failed to start:\n{message[1]}")
+                if message[0] in ("ready", "error"):
+                    self._mark_ready(slot, message)
                 else:
                     index, status = message
                     slot.queued.popleft()

@@ -117,6 +117,7 @@ def test_hard_timeout_kills_and_replaces_the_worker():
     # Without the workers' own timer, only the parent's kill stops the power tower.
     with rewards.MathGrader(num_workers=1, timeout_s=1.0, soft_timeout=False) as pool:
         completions, golds, expected = synthetic_items(3)
+        pool.wait_ready()
         first_pid = pool.pids[0]
         grades = pool.grade_items([PATHOLOGICAL["power_tower"][0], *completions], ["1", *golds])
         assert grades[0] == rewards.Grade(0.0, rewards.TIMEOUT)
@@ -198,3 +199,5 @@ def test_closed_grader_refuses_work():
     pool.close()
     with pytest.raises(RuntimeError, match="closed"):
         pool.grade(["\\boxed{1}"], ["1"])
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.wait_ready()
