@@ -32,16 +32,20 @@ from gdro_jax.data._readers import (
     read_rows,
     rows_from_records,
 )
+from gdro_jax.data._tokenizer import SPECIAL_TOKENS as TOKENIZER_SPECIAL_TOKENS
+from gdro_jax.data._tokenizer import build_tokenizer
 
 __all__ = [
     "BENCHMARKS",
     "DATA_DIR_ENV",
     "PRESETS",
     "PROMPT_SUFFIX",
+    "TOKENIZER_SPECIAL_TOKENS",
     "DataFormatError",
     "DatasetPreset",
     "FieldNames",
     "HubSource",
+    "build_tokenizer",
     "data_dir_candidates",
     "default_data_dir",
     "format_prompt",
