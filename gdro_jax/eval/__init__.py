@@ -1,6 +1,7 @@
 """Evaluation: the unbiased pass@k estimator, mean@k, bootstrap summaries, and the chain-task
 harness (k samples per problem, per-level and pooled tables)."""
 
+from gdro_jax.eval._math_eval import MathEvalSettings, MathEvaluation, evaluate_math, load_bins
 from gdro_jax.eval._passk import PassSummary, mean_at_k, pass_at_k, summarize_counts
 from gdro_jax.eval._task_eval import (
     TaskEvaluation,
@@ -10,10 +11,14 @@ from gdro_jax.eval._task_eval import (
 )
 
 __all__ = [
+    "MathEvalSettings",
+    "MathEvaluation",
     "PassSummary",
     "TaskEvaluation",
+    "evaluate_math",
     "evaluate_task",
     "format_level_table",
+    "load_bins",
     "mean_at_k",
     "pass_at_k",
     "sample_correct_counts",

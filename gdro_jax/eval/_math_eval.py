@@ -1,0 +1,675 @@
+"""Evaluation on math benchmarks: k samples per problem, math-verify grading, pass@k tables.
+
+`evaluate_math` samples `num_samples` completions of every problem of every benchmark with the
+KV-cache sampler, decodes them, grades them with a `rewards.MathGrader` (last `\\boxed{}`,
+math-verify, worker processes with a per-item timeout), and reports mean@k and the unbiased
+pass@j for every j <= k per benchmark, pooled over all problems, and per difficulty bin, with
+bootstrap intervals over problems (`summarize_counts`, SPEC 9). The paper's settings are the
+defaults: 8 samples at T = 0.6, top-p 0.8, top-k 20.
+
+Shapes. Prompts are tokenized up front; every sampler call holds `batch_size` problems x
+`num_samples` slots and prompts padded to one length P (the longest kept prompt of the whole
+request, rounded up to `prompt_bucket`), so the sampler compiles once. A benchmark's last batch
+is padded with its first problems; their extra samples are dropped.
+
+Long prompts. A prompt longer than `max_prompt_tokens` is never truncated (cutting a math problem
+changes the question): it is skipped and counted in the report (`on_long_prompt="skip"`), or
+raises (`"raise"`).
+
+Resuming. The output folder holds `settings.json` (the sampling settings and the policy's name)
+and `samples.jsonl`, one line per finished problem (its id, prompt hash, scores, statuses, c and
+n), appended as each batch is graded. A rerun into the same folder skips finished problems; its
+settings must equal the stored ones (else a ValueError names the first differing setting), and
+a finished problem whose prompt changed raises too. Batch b of a benchmark always holds the same
+problems and samples with `fold_in(fold_in(key(seed), crc32(benchmark)), b)`, so an interrupted
+and resumed run gives the same samples as an uninterrupted one (given the same request: P
+depends on the longest prompt requested and changes results only by floating-point rounding).
+Bins are not stored with the samples: rerunning with other bins rewrites the report without
+sampling anything.
+
+Difficulty bins. A problem's bin is an integer: from a user mapping (problem id -> bin, e.g. the
+bins a training run's classifier assigned; optionally nested per benchmark, see `load_bins`) when
+one is given, else from the row field `bin_field` (MATH500's `level`, 1-5). Problems without a
+bin are reported in an `"unbinned"` row of the per-bin tables; they count in every per-benchmark
+and pooled figure.
+
+Outputs: `report.json` (everything, including per-problem n and c and the grader's outcome
+counts), `report.md` (tables), next to `settings.json` and `samples.jsonl`.
+
+References:
+  Panaganti et al., 2026 (arXiv 2601.19280): evaluation with 8 samples, T = 0.6, top-p 0.8,
+  top-k 20, mean@8 and pass@8.
+  Chen et al., 2021 (arXiv 2107.03374): the unbiased pass@k estimator.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import json
+import os
+import time
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from tqdm.auto import tqdm
+
+from gdro_jax.eval._passk import PassSummary, summarize_counts
+from gdro_jax.rewards import STATUSES
+from gdro_jax.sampling import FinishReason, generate
+
+SETTINGS_FILE = "settings.json"
+SAMPLES_FILE = "samples.jsonl"
+REPORT_JSON = "report.json"
+REPORT_MARKDOWN = "report.md"
+UNBINNED = "unbinned"
+
+
+@dataclasses.dataclass(frozen=True)
+class MathEvalSettings:
+    """What decides the samples; a resumed run must use the same values.
+
+    Attributes:
+      num_samples: k, completions per problem; pass@j is reported for j = 1..k.
+      temperature: sampling temperature (0: greedy).
+      top_p: nucleus filter in (0, 1] (1: off).
+      top_k: keep the k most likely tokens (0: off).
+      max_new_tokens: the most tokens per completion.
+      max_prompt_tokens: longer prompts are skipped or raise (never truncated).
+      batch_size: problems per sampler call (`batch_size * num_samples` sequences).
+      seed: PRNG seed of the samples.
+      prompt_bucket: the padded prompt length is a multiple of this.
+    """
+
+    num_samples: int = 8
+    temperature: float = 0.6
+    top_p: float = 0.8
+    top_k: int = 20
+    max_new_tokens: int = 4096
+    max_prompt_tokens: int = 2048
+    batch_size: int = 8
+    seed: int = 0
+    prompt_bucket: int = 64
+
+    def __post_init__(self):
+        for name in ("num_samples", "max_new_tokens", "max_prompt_tokens", "batch_size"):
+            _check_int(name, getattr(self, name), minimum=1)
+        _check_int("top_k", self.top_k, minimum=0)
+        _check_int("seed", self.seed, minimum=0)
+        _check_int("prompt_bucket", self.prompt_bucket, minimum=1)
+        if not (isinstance(self.temperature, int | float) and self.temperature >= 0):
+            raise ValueError(f"temperature must be >= 0, got temperature={self.temperature!r}")
+        if not (isinstance(self.top_p, int | float) and 0 < self.top_p <= 1):
+            raise ValueError(f"top_p must be a float in (0, 1], got top_p={self.top_p!r}")
+
+
+def _check_int(name: str, value: Any, *, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {name}={value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class MathEvaluation:
+    """The result of `evaluate_math` (`to_dict` is what `report.json` holds).
+
+    Attributes:
+      settings: the sampling settings and the policy's name, as stored in `settings.json`.
+      num_samples: k.
+      by_benchmark: benchmark -> `PassSummary` (intervals stratified by bin); None when none of
+        its problems was evaluated (all skipped).
+      by_benchmark_bin: benchmark -> bin label -> `PassSummary`.
+      by_bin: bin label -> `PassSummary` over the problems of all benchmarks with that bin.
+        Labels are the bins as strings, ascending, then `"unbinned"`.
+      pooled: `PassSummary` over all evaluated problems (intervals stratified by benchmark);
+        None when there are none.
+      problems: one dict per evaluated problem: benchmark, id, bin (None: unbinned), n, c,
+        truncated (samples that hit max_new_tokens), mean_length (tokens).
+      skipped: benchmark -> ids skipped for a prompt over `max_prompt_tokens`.
+      grader: outcome counts over all evaluated samples (`correct`, `wrong`, `no_answer`,
+        `timeout`, `crash`) and `restarts_this_run` (workers the grader replaced in this run).
+      timing: seconds of this run: `sampling_s` (all sampler calls, including compilation),
+        `first_call_s` (the first call alone, mostly compilation), `decoding_s`, `grading_s`,
+        `total_s`; `batches` and `problems` sampled in this run.
+      bin_source: where the bins came from (`field:<name>` or `mapping`).
+    """
+
+    settings: dict[str, Any]
+    num_samples: int
+    by_benchmark: dict[str, PassSummary | None]
+    by_benchmark_bin: dict[str, dict[str, PassSummary]]
+    by_bin: dict[str, PassSummary]
+    pooled: PassSummary | None
+    problems: list[dict[str, Any]]
+    skipped: dict[str, list[str]]
+    grader: dict[str, int]
+    timing: dict[str, float]
+    bin_source: str
+
+    def pass_at(self, k: int, benchmark: str | None = None, bin_label: str | None = None) -> float:
+        """pass@k of one benchmark, one bin (over all benchmarks, or within `benchmark`), or
+        pooled when both are None."""
+        if not 1 <= k <= self.num_samples:
+            raise ValueError(f"k must be in [1, {self.num_samples}], got k={k!r}")
+        return float(self._summary(benchmark, bin_label).pass_at[k - 1])
+
+    def mean_at_k(self, benchmark: str | None = None, bin_label: str | None = None) -> float:
+        """mean@k (average accuracy), selected as in `pass_at`."""
+        return float(self._summary(benchmark, bin_label).mean)
+
+    def _summary(self, benchmark, bin_label) -> PassSummary:
+        if benchmark is None:
+            summary = self.pooled if bin_label is None else self.by_bin[bin_label]
+        elif bin_label is None:
+            summary = self.by_benchmark[benchmark]
+        else:
+            summary = self.by_benchmark_bin[benchmark][bin_label]
+        if summary is None:
+            raise ValueError(f"no evaluated problems in benchmark={benchmark!r}")
+        return summary
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of everything (the content of `report.json`)."""
+        k = self.num_samples
+
+        def plain(summary: PassSummary | None) -> dict[str, Any] | None:
+            if summary is None:
+                return None
+            return {
+                "num_problems": summary.num_problems,
+                f"mean@{k}": summary.mean,
+                f"mean@{k}_interval": summary.mean_interval.tolist(),
+                "pass@k": {str(j + 1): float(v) for j, v in enumerate(summary.pass_at)},
+                "pass@k_interval": {
+                    str(j + 1): v.tolist() for j, v in enumerate(summary.pass_interval)
+                },
+            }
+
+        benchmarks = {}
+        for name, summary in self.by_benchmark.items():
+            benchmarks[name] = {
+                "summary": plain(summary),
+                "skipped_long_prompts": len(self.skipped[name]),
+                "skipped_ids": list(self.skipped[name]),
+                "bins": {label: plain(s) for label, s in self.by_benchmark_bin[name].items()},
+            }
+        evaluated = [s for s in self.by_benchmark.values() if s is not None]
+        average = None
+        if evaluated:  # unweighted mean over benchmarks, as papers' "average" columns
+            average = {
+                f"mean@{k}": float(np.mean([s.mean for s in evaluated])),
+                "pass@k": {
+                    str(j + 1): float(np.mean([s.pass_at[j] for s in evaluated])) for j in range(k)
+                },
+            }
+        return {
+            "settings": self.settings,
+            "num_samples": k,
+            "bin_source": self.bin_source,
+            "benchmarks": benchmarks,
+            "pooled": plain(self.pooled),
+            "benchmark_average": average,
+            "bins": {label: plain(s) for label, s in self.by_bin.items()},
+            "grader": self.grader,
+            "timing": self.timing,
+            "problems": self.problems,
+        }
+
+    def to_markdown(self) -> str:
+        """Markdown tables: per benchmark (and pooled), per bin, with 95 % intervals."""
+        k = self.num_samples
+        header = ["", "problems", f"mean@{k}"] + [f"pass@{j}" for j in range(1, k + 1)]
+
+        def cell(value: float, interval: np.ndarray) -> str:
+            return f"{value:.3f} [{interval[0]:.3f}, {interval[1]:.3f}]"
+
+        def row(name: str, summary: PassSummary | None, extra: str = "") -> list[str]:
+            if summary is None:
+                return [name, "0" + extra] + ["-"] * (k + 1)
+            return [
+                name,
+                f"{summary.num_problems}{extra}",
+                cell(summary.mean, summary.mean_interval),
+            ] + [cell(summary.pass_at[j], summary.pass_interval[j]) for j in range(k)]
+
+        def table(first: str, rows: list[list[str]]) -> list[str]:
+            lines = ["| " + " | ".join([first, *header[1:]]) + " |"]
+            lines.append("|---|" + "---:|" * (len(header) - 1))
+            lines += ["| " + " | ".join(r) + " |" for r in rows]
+            return lines
+
+        s = self.settings
+        out = [
+            f"# Math evaluation: {s.get('policy') or '(unnamed policy)'}",
+            "",
+            f"{k} samples per problem at T={s['temperature']}, top-p {s['top_p']}, "
+            f"top-k {s['top_k']}, up to {s['max_new_tokens']} new tokens; seed {s['seed']}. "
+            "Cells: estimate [95 % bootstrap interval over problems]; pass@j is the unbiased "
+            "estimator.",
+            "",
+            "## Per benchmark",
+            "",
+        ]
+        rows = []
+        for name, summary in self.by_benchmark.items():
+            skipped = len(self.skipped[name])
+            rows.append(row(name, summary, f" (+{skipped} skipped)" if skipped else ""))
+        rows.append(row("pooled", self.pooled))
+        out += table("benchmark", rows)
+        out += ["", f"## Per difficulty bin ({self.bin_source}, all benchmarks)", ""]
+        out += table("bin", [row(label, s) for label, s in self.by_bin.items()])
+        for name, by_bin in self.by_benchmark_bin.items():
+            if len(by_bin) > 1 or (by_bin and UNBINNED not in by_bin):
+                out += ["", f"### {name} by bin", ""]
+                out += table("bin", [row(label, s) for label, s in by_bin.items()])
+        g, t = self.grader, self.timing
+        truncated = sum(p["truncated"] for p in self.problems)
+        samples = sum(p["n"] for p in self.problems)
+        out += [
+            "",
+            "## Grading and timing",
+            "",
+            f"Samples graded: {samples} (correct {g['correct']}, wrong {g['wrong']}, no answer "
+            f"{g['no_answer']}, timeouts {g['timeout']}, crashes {g['crash']}); "
+            f"{truncated} hit max_new_tokens. Grader workers restarted in this run: "
+            f"{g['restarts_this_run']}.",
+            "",
+            f"This run: {t['problems']} problems in {t['batches']} batches; sampling "
+            f"{t['sampling_s']:.1f} s (first call, mostly compilation, {t['first_call_s']:.1f} s), "
+            f"decoding {t['decoding_s']:.1f} s, grading {t['grading_s']:.1f} s, total "
+            f"{t['total_s']:.1f} s.",
+        ]
+        return "\n".join(out) + "\n"
+
+
+def load_bins(path: str | os.PathLike) -> dict[str, Any]:
+    """Reads a JSON object mapping problem ids to integer bins.
+
+    Keys are problem ids (as strings); a value is an integer bin, or an object mapping that
+    benchmark's ids to bins (`{"math500": {"test/algebra/1.json": 3}, "17": 1}`): a
+    per-benchmark entry wins over a plain id, which applies to every benchmark.
+
+    Raises:
+      ValueError: naming the file, when it is not a JSON object.
+    """
+    with open(path) as f:
+        bins = json.load(f)
+    if not isinstance(bins, dict):
+        raise ValueError(f"{path}: bins must be a JSON object id -> bin, got {type(bins).__name__}")
+    return bins
+
+
+def _bin_value(raw: Any, where: str) -> int | None:
+    if raw is None:
+        return None
+    if isinstance(raw, bool):
+        raise ValueError(f"{where}: a bin must be an integer, got {raw!r}")
+    if isinstance(raw, int):
+        return raw
+    if isinstance(raw, float) and raw.is_integer():
+        return int(raw)
+    if isinstance(raw, str) and raw.strip().lstrip("-").isdigit():
+        return int(raw)
+    raise ValueError(f"{where}: a bin must be an integer, got {raw!r}")
+
+
+def _bin_of(name: str, row: Mapping, bins: Mapping | None, bin_field: str | None) -> int | None:
+    problem_id = str(row["id"])
+    if bins is not None:
+        nested = bins.get(name)
+        if isinstance(nested, Mapping) and problem_id in nested:
+            return _bin_value(nested[problem_id], f"bins[{name!r}][{problem_id!r}]")
+        plain = bins.get(problem_id)
+        if plain is not None and not isinstance(plain, Mapping):
+            return _bin_value(plain, f"bins[{problem_id!r}]")
+        return None
+    if bin_field is None or bin_field not in row:
+        return None
+    return _bin_value(row[bin_field], f"{name} problem {problem_id!r}, field {bin_field!r}")
+
+
+def _stable_hash(text: str) -> int:
+    return zlib.crc32(text.encode()) & 0x7FFFFFFF  # fold_in takes a non-negative int32
+
+
+def _prompt_hash(token_ids: Sequence[int]) -> str:
+    return hashlib.sha256(json.dumps(list(token_ids)).encode()).hexdigest()[:16]
+
+
+def _check_settings(path: Path, settings: dict[str, Any]) -> None:
+    """Writes `settings` to `path`, or checks them against the stored ones."""
+    settings = json.loads(json.dumps(settings))
+    if not path.exists():
+        path.write_text(json.dumps(settings, indent=2) + "\n")
+        return
+    stored = json.loads(path.read_text())
+    for name in sorted(set(stored) | set(settings)):
+        if stored.get(name) != settings.get(name):
+            raise ValueError(
+                f"{path}: setting {name!r} differs: the samples there were drawn with "
+                f"{name}={stored.get(name)!r}, this run asks for {name}={settings.get(name)!r}; "
+                "use the same settings to resume, or another output folder"
+            )
+
+
+def _read_records(path: Path) -> dict[tuple[str, str], dict]:
+    """The finished problems in `samples.jsonl`; a torn last line (an interrupted write) is cut."""
+    if not path.exists():
+        return {}
+    content = path.read_bytes()
+    complete, _, tail = content.rpartition(b"\n")
+    if tail:
+        try:
+            json.loads(tail)
+            with open(path, "ab") as f:  # a whole record, only its newline missing
+                f.write(b"\n")
+            complete = content
+        except json.JSONDecodeError:
+            with open(path, "r+b") as f:
+                f.truncate(len(complete) + 1 if complete else 0)
+    records = {}
+    for number, line in enumerate(complete.split(b"\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}:{number}: not a JSON line ({error})") from error
+        records[(record["benchmark"], record["id"])] = record
+    return records
+
+
+def _summaries(correct, k, labels, order, *, num_resamples, confidence, seed):
+    """summarize_counts over string labels (ordered by `order`)."""
+    codes = np.asarray([order.index(label) for label in labels], np.int64)
+    by_code, pooled = summarize_counts(
+        np.asarray(correct, np.int64),
+        k,
+        codes,
+        num_resamples=num_resamples,
+        confidence=confidence,
+        seed=seed,
+    )
+    return {order[code]: summary for code, summary in by_code.items()}, pooled
+
+
+def _label_order(labels) -> list[str]:
+    present = set(labels)
+    ints = sorted(int(label) for label in present if label != UNBINNED)
+    return [str(i) for i in ints] + ([UNBINNED] if UNBINNED in present else [])
+
+
+def evaluate_math(
+    model,
+    tokenizer,
+    benchmarks: Mapping[str, Sequence[Mapping[str, Any]]],
+    *,
+    grader,
+    out_dir: str | os.PathLike,
+    settings: MathEvalSettings | None = None,
+    policy_name: str = "",
+    bins: Mapping[str, Any] | None = None,
+    bin_field: str | None = "level",
+    on_long_prompt: str = "skip",
+    add_special_tokens: bool = False,
+    num_resamples: int = 1000,
+    confidence: float = 0.95,
+    progress: bool = True,
+    sampler: Callable[..., Any] = generate,
+    on_batch_done: Callable[[str, int], None] | None = None,
+) -> MathEvaluation:
+    """Samples, grades and summarises a policy on math benchmarks; resumable (module docstring).
+
+    Args:
+      model: the policy (`gdro_jax.models.Decoder`, sharded or not).
+      tokenizer: its transformers tokenizer (encodes prompts, decodes completions; its
+        `eos_token_id` joins `model.config.eos_token_ids` as stop ids).
+      benchmarks: benchmark name -> rows `{"id", "prompt", "answer", ...}` with formatted
+        prompts (e.g. `data.load_preset(name, tokenizer=tokenizer)`); ids unique per benchmark.
+      grader: a `rewards.MathGrader` (started once by the caller, reused across calls).
+      out_dir: the output folder (created; holds the resume files and the reports).
+      settings: the sampling settings (`MathEvalSettings`; None: the paper's defaults).
+      policy_name: recorded with the settings, so resuming with another policy fails.
+      bins: optional mapping problem id -> integer bin (`load_bins`); replaces `bin_field`.
+      bin_field: the row field holding the bin when `bins` is None (None: no bins).
+      on_long_prompt: `"skip"` (count and report) or `"raise"` for prompts over
+        `settings.max_prompt_tokens` tokens.
+      add_special_tokens: passed to the tokenizer when encoding prompts (False for chat-templated
+        prompts, which carry their special tokens as text).
+      num_resamples, confidence: bootstrap settings (`summarize_counts`; seed 0).
+      progress: show a tqdm bar over problems.
+      sampler: called like `sampling.generate`, returning `.tokens` [R, M] and `.lengths` [R]
+        (and optionally `.finish_reasons`); tests pass fakes.
+      on_batch_done: called with (benchmark, batch index) after each batch is written.
+
+    Returns:
+      `MathEvaluation`; `report.json` and `report.md` are written to `out_dir`.
+
+    Raises:
+      ValueError: for bad arguments, a prompt over the limit with `on_long_prompt="raise"`, a
+        setting or prompt that differs from the stored samples', duplicate ids, or bad bins.
+
+    References:
+      Panaganti et al., 2026 (arXiv 2601.19280); Chen et al., 2021 (arXiv 2107.03374), eq. 1.
+    """
+    if on_long_prompt not in ("skip", "raise"):
+        raise ValueError(f"on_long_prompt must be 'skip' or 'raise', got {on_long_prompt!r}")
+    start_time = time.perf_counter()
+    settings = MathEvalSettings() if settings is None else settings
+    k, batch_size = settings.num_samples, settings.batch_size
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stored_settings = {"policy": policy_name, **dataclasses.asdict(settings)}
+    _check_settings(out / SETTINGS_FILE, stored_settings)
+    records = _read_records(out / SAMPLES_FILE)
+
+    # Tokenize everything first: the padded prompt length is one for the whole request.
+    plan: dict[str, dict[str, Any]] = {}
+    answers: dict[str, dict[str, str]] = {}
+    for name, rows in benchmarks.items():
+        ids = [str(row["id"]) for row in rows]
+        repeated = [i for i, count in collections.Counter(ids).items() if count > 1]
+        if repeated:
+            raise ValueError(f"benchmark {name!r} has duplicate problem ids, e.g. {repeated[0]!r}")
+        kept, skipped = [], []
+        for row, problem_id in zip(rows, ids, strict=True):
+            tokens = tokenizer(row["prompt"], add_special_tokens=add_special_tokens)["input_ids"]
+            if len(tokens) > settings.max_prompt_tokens:
+                if on_long_prompt == "raise":
+                    raise ValueError(
+                        f"{name} problem {problem_id!r}: prompt of {len(tokens)} tokens exceeds "
+                        f"max_prompt_tokens={settings.max_prompt_tokens}"
+                    )
+                skipped.append(problem_id)
+                continue
+            if not tokens:
+                raise ValueError(f"{name} problem {problem_id!r}: the prompt has no tokens")
+            # Bins are checked before anything is sampled.
+            problem_bin = _bin_of(name, row, bins, bin_field)
+            kept.append((problem_id, problem_bin, tokens, _prompt_hash(tokens)))
+        for problem_id, _, _, prompt_hash in kept:
+            done = records.get((name, problem_id))
+            if done is not None and done["prompt_sha"] != prompt_hash:
+                raise ValueError(
+                    f"{out / SAMPLES_FILE}: setting 'prompt' differs for {name} problem "
+                    f"{problem_id!r}: its stored samples continue another prompt (another "
+                    "tokenizer, template or suffix); use another output folder"
+                )
+        plan[name] = {"kept": kept, "skipped": skipped}
+        answers[name] = {str(row["id"]): str(row["answer"]) for row in rows}
+    longest = max((len(t) for p in plan.values() for _, _, t, _ in p["kept"]), default=1)
+    prompt_pad = -(-longest // settings.prompt_bucket) * settings.prompt_bucket
+
+    eos_ids = sorted(
+        {int(i) for i in getattr(getattr(model, "config", None), "eos_token_ids", ())}
+        | ({int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set())
+    )
+    pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+    prompt_of_slot_R = np.repeat(np.arange(batch_size, dtype=np.int32), k)
+    base_key = jax.random.key(settings.seed)
+    timing = collections.Counter()
+    restarts_before = grader.stats.restarts
+    todo = sum(1 for name, p in plan.items() for pid, *_ in p["kept"] if (name, pid) not in records)
+    bar = tqdm(total=todo, disable=not progress, desc="math eval", unit="problem")
+    with bar, open(out / SAMPLES_FILE, "a") as samples_file:
+        for name, p in plan.items():
+            kept = p["kept"]
+            for batch, first in enumerate(range(0, len(kept), batch_size)):
+                real = kept[first : first + batch_size]
+                missing = [i for i, (pid, *_) in enumerate(real) if (name, pid) not in records]
+                if not missing:
+                    continue
+                # The last batch is padded with the benchmark's first problems (one shape).
+                rows_B = [kept[(first + i) % len(kept)] for i in range(batch_size)]
+                tokens_BP = np.full((batch_size, prompt_pad), pad_id, np.int32)
+                for i, (_, _, tokens, _) in enumerate(rows_B):
+                    tokens_BP[i, : len(tokens)] = tokens
+                lengths_B = np.asarray([len(t) for _, _, t, _ in rows_B], np.int32)
+                key = jax.random.fold_in(jax.random.fold_in(base_key, _stable_hash(name)), batch)
+                tick = time.perf_counter()
+                result = sampler(
+                    model,
+                    tokens_BP,
+                    prompt_lengths=lengths_B,
+                    prompt_of_slot=prompt_of_slot_R,
+                    key=key,
+                    max_new_tokens=settings.max_new_tokens,
+                    temperature=settings.temperature,
+                    top_p=settings.top_p,
+                    top_k=settings.top_k,
+                    eos_ids=eos_ids,
+                    pad_id=pad_id,
+                )
+                tokens_RM = np.asarray(result.tokens)
+                lengths_R = np.asarray(result.lengths)
+                finish = getattr(result, "finish_reasons", None)
+                truncated_R = (
+                    lengths_R >= settings.max_new_tokens
+                    if finish is None
+                    else np.asarray(finish) == int(FinishReason.LENGTH)
+                )
+                elapsed = time.perf_counter() - tick
+                timing["sampling_s"] += elapsed
+                if timing["batches"] == 0:
+                    timing["first_call_s"] = elapsed
+                timing["batches"] += 1
+
+                tick = time.perf_counter()
+                slots = [i * k + j for i in missing for j in range(k)]
+                completions = tokenizer.batch_decode(
+                    [tokens_RM[r, : lengths_R[r]].tolist() for r in slots],
+                    skip_special_tokens=True,
+                )
+                timing["decoding_s"] += time.perf_counter() - tick
+                tick = time.perf_counter()
+                golds = [answers[name][real[i][0]] for i in missing for _ in range(k)]
+                grades = grader.grade_items(completions, golds, progress=False)
+                timing["grading_s"] += time.perf_counter() - tick
+
+                for position, i in enumerate(missing):
+                    problem_id, _, _, prompt_hash = real[i]
+                    items = grades[position * k : (position + 1) * k]
+                    record = {
+                        "benchmark": name,
+                        "id": problem_id,
+                        "prompt_sha": prompt_hash,
+                        "n": k,
+                        "c": int(sum(g.score > 0 for g in items)),
+                        "scores": [float(g.score) for g in items],
+                        "statuses": [g.status for g in items],
+                        "lengths": [int(lengths_R[i * k + j]) for j in range(k)],
+                        "truncated": int(truncated_R[i * k : (i + 1) * k].sum()),
+                    }
+                    records[(name, problem_id)] = record
+                    samples_file.write(json.dumps(record) + "\n")
+                samples_file.flush()
+                os.fsync(samples_file.fileno())
+                timing["problems"] += len(missing)
+                bar.update(len(missing))
+                if on_batch_done is not None:
+                    on_batch_done(name, batch)
+
+    evaluation = _summarize(
+        plan,
+        records,
+        settings=json.loads((out / SETTINGS_FILE).read_text()),
+        k=k,
+        bin_source="mapping" if bins is not None else f"field:{bin_field}",
+        num_resamples=num_resamples,
+        confidence=confidence,
+        timing={
+            "sampling_s": float(timing["sampling_s"]),
+            "first_call_s": float(timing["first_call_s"]),
+            "decoding_s": float(timing["decoding_s"]),
+            "grading_s": float(timing["grading_s"]),
+            "total_s": time.perf_counter() - start_time,
+            "batches": int(timing["batches"]),
+            "problems": int(timing["problems"]),
+        },
+        restarts=grader.stats.restarts - restarts_before,
+    )
+    (out / REPORT_JSON).write_text(json.dumps(evaluation.to_dict(), indent=2) + "\n")
+    (out / REPORT_MARKDOWN).write_text(evaluation.to_markdown())
+    return evaluation
+
+
+def _summarize(
+    plan, records, *, settings, k, bin_source, num_resamples, confidence, timing, restarts
+) -> MathEvaluation:
+    problems = []
+    for name, p in plan.items():
+        for problem_id, problem_bin, _, _ in p["kept"]:
+            record = records[(name, problem_id)]
+            if record["n"] != k:
+                raise ValueError(f"{name} problem {problem_id!r}: stored n={record['n']}, k={k}")
+            problems.append(
+                {
+                    "benchmark": name,
+                    "id": problem_id,
+                    "bin": problem_bin,
+                    "n": record["n"],
+                    "c": record["c"],
+                    "truncated": record["truncated"],
+                    "mean_length": float(np.mean(record["lengths"])),
+                    "statuses": record["statuses"],
+                }
+            )
+    status_counts = collections.Counter(s for p in problems for s in p.pop("statuses"))
+    grader_counts = {status: int(status_counts[status]) for status in STATUSES}
+    grader_counts["restarts_this_run"] = int(restarts)
+    labels = [UNBINNED if p["bin"] is None else str(p["bin"]) for p in problems]
+    correct = [p["c"] for p in problems]
+    stats = dict(num_resamples=num_resamples, confidence=confidence, seed=0)
+    names = list(plan)
+    by_benchmark, by_benchmark_bin = {}, {}
+    for name in names:
+        rows = [i for i, p in enumerate(problems) if p["benchmark"] == name]
+        if not rows:
+            by_benchmark[name], by_benchmark_bin[name] = None, {}
+            continue
+        own = [labels[i] for i in rows]
+        by_benchmark_bin[name], by_benchmark[name] = _summaries(
+            [correct[i] for i in rows], k, own, _label_order(own), **stats
+        )
+    by_bin, pooled = {}, None
+    if problems:
+        by_bin, _ = _summaries(correct, k, labels, _label_order(labels), **stats)
+        benchmark_labels = [p["benchmark"] for p in problems]
+        _, pooled = _summaries(correct, k, benchmark_labels, names, **stats)
+    return MathEvaluation(
+        settings=settings,
+        num_samples=k,
+        by_benchmark=by_benchmark,
+        by_benchmark_bin=by_benchmark_bin,
+        by_bin=by_bin,
+        pooled=pooled,
+        problems=problems,
+        skipped={name: list(p["skipped"]) for name, p in plan.items()},
+        grader=grader_counts,
+        timing=timing,
+        bin_source=bin_source,
+    )
