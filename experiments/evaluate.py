@@ -51,7 +51,8 @@ _CHAT_TEMPLATE = flags.DEFINE_bool(
     "chat_template", True, "Wrap prompts in the tokenizer's chat template when it has one."
 )
 _DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["float32", "bfloat16"], "Parameter dtype.")
-flags.mark_flags_as_required(["policy", "out"])
+# --policy and --out are checked in main rather than marked required: a required-flag validator
+# would fire in every other absl entry point's flag parse within one process (tests).
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
@@ -90,6 +91,9 @@ def load_policy(path: str | os.PathLike, *, dtype: str = "bfloat16"):
 
 def main(argv):
     del argv
+    for holder in (_POLICY, _OUT):
+        if not holder.value:
+            raise app.UsageError(f"--{holder.name} is required")
     model, tokenizer = load_policy(_POLICY.value, dtype=_DTYPE.value)
     unknown = [name for name in _BENCHMARKS.value if name not in data.PRESETS]
     if unknown:

@@ -1,12 +1,18 @@
 """`experiments/evaluate.py` end to end: a tiny random Qwen3 with a tokenizer trained in the test,
 10 MATH500 problems, 2 samples each; and `load_policy`'s errors for folders that are not
-policies."""
+policies.
+
+The entry point runs as a subprocess: parsing absl flags in this process would also run the
+required-flag validators of the other entry points that tests import.
+"""
 
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
-from absl import flags
 
 from experiments import evaluate
 from gdro_jax import data, models
@@ -41,19 +47,27 @@ def policy_dir(math500, tmp_path_factory):
     return path
 
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
 def _run(argv):
-    flags.FLAGS(argv)
-    try:
-        evaluate.main(argv)
-    finally:
-        flags.FLAGS.unparse_flags()
+    environment = dict(os.environ, JAX_PLATFORMS="cpu")
+    completed = subprocess.run(
+        [sys.executable, "-m", "experiments.evaluate", *argv],
+        cwd=REPO_ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    return completed.stdout
 
 
-def test_main_writes_the_report(policy_dir, data_dir, math500, tmp_path, capsys):
+def test_main_writes_the_report(policy_dir, data_dir, math500, tmp_path):
     out = tmp_path / "eval"
-    _run(
+    printed = _run(
         [
-            "evaluate",
             f"--policy={policy_dir}",
             f"--out={out}",
             "--benchmarks=math500",
@@ -91,7 +105,7 @@ def test_main_writes_the_report(policy_dir, data_dir, math500, tmp_path, capsys)
     markdown = (out / "report.md").read_text()
     assert f"| math500 | {NUM_PROBLEMS} |" in markdown
     assert "| bin | problems | mean@2 | pass@1 | pass@2 |" in markdown
-    assert markdown in capsys.readouterr().out
+    assert markdown in printed
     assert len((out / "samples.jsonl").read_text().splitlines()) == NUM_PROBLEMS
 
 
@@ -111,3 +125,16 @@ def test_load_policy_errors(policy_dir, tmp_path):
         evaluate.load_policy(no_tokenizer)
     model, tokenizer = evaluate.load_policy(policy_dir, dtype="float32")
     assert model.config.vocab_size == len(tokenizer)
+
+
+def test_missing_required_flag_is_a_usage_error(tmp_path):
+    completed = subprocess.run(
+        [sys.executable, "-m", "experiments.evaluate", f"--out={tmp_path}"],
+        cwd=REPO_ROOT,
+        env=dict(os.environ, JAX_PLATFORMS="cpu"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert completed.returncode != 0
+    assert "--policy is required" in completed.stderr
