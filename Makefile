@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint format bench clean
+.PHONY: demo sim test lint format bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -12,7 +12,12 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	@touch $(STAMP)
 
+# The miniature study: warm start (reused when present), RL per method, held-out table, plots.
 demo: $(STAMP)
+	$(PY) -m experiments.demo --config=experiments/configs/demo.py --workdir=runs/demo
+
+# The controller-dynamics simulation (about 20 s).
+sim: $(STAMP)
 	$(PY) -m experiments.simulate_controllers --config=experiments/configs/sim_default.py --workdir=runs/sim_demo
 
 test: $(STAMP)

@@ -1,4 +1,4 @@
-"""Default controller-dynamics simulation (what `make demo` runs; about a minute on 2 cores).
+"""Default controller-dynamics simulation (what `make sim` runs; about 20 s on 2 cores).
 
 Eight levels with shares proportional to 1.5^-level, a pool of 2048 prompts visited ~9 times
 each over 300 steps of 64 prompts x 4 rollouts, 32 seeds per method. The warm start puts the

@@ -31,17 +31,22 @@ def to_host(metrics: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class MetricsWriter:
-    """Appends step metrics to `workdir/metrics.jsonl` and TensorBoard event files in `workdir/tb`.
+    """Writes step metrics to `workdir/metrics.jsonl` and TensorBoard event files in `workdir/tb`.
 
     Args:
       workdir: the run's folder (created if missing).
       tensorboard: also write TensorBoard event files.
+      append: keep the rows already in `metrics.jsonl` (a resumed run); False starts the file
+        afresh (a new run in the same folder).
     """
 
-    def __init__(self, workdir: str | os.PathLike, *, tensorboard: bool = True):
+    def __init__(
+        self, workdir: str | os.PathLike, *, tensorboard: bool = True, append: bool = True
+    ):
         os.makedirs(workdir, exist_ok=True)
         self.path = os.path.join(workdir, "metrics.jsonl")
-        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
+        mode = "a" if append else "w"
+        self._file = open(self.path, mode, encoding="utf-8")  # noqa: SIM115 (closed in close())
         self._tb = None
         if tensorboard:
             from tensorboardX import SummaryWriter

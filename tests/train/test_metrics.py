@@ -49,3 +49,12 @@ def test_writer_appends_to_an_existing_file(tmp_path):
     with train.MetricsWriter(tmp_path, tensorboard=False) as writer:
         writer.write(2, {"reward": 2.0})
     assert [row["step"] for row in train.read_metrics(tmp_path / "metrics.jsonl")] == [1, 2]
+
+
+def test_a_new_run_starts_the_file_afresh(tmp_path):
+    with train.MetricsWriter(tmp_path, tensorboard=False) as writer:
+        writer.write(1, {"reward": 1.0})
+    with train.MetricsWriter(tmp_path, tensorboard=False, append=False) as writer:
+        writer.write(1, {"reward": 3.0})
+    rows = train.read_metrics(tmp_path / "metrics.jsonl")
+    assert [(row["step"], row["reward"]) for row in rows] == [(1, 3.0)]
