@@ -51,10 +51,10 @@ def main() -> None:
     args = parser.parse_args()
     print(f"jax {jax.__version__}, {jax.devices()[0].platform}, init_from={args.init_from!r}")
     print(
-        "| method | compile step s | plan ms | rollout+reward s | update s | step s |"
+        "| method | compile step s | plan ms | rollout s | reward ms | update s | step s |"
         " controllers ms | controllers share |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for method in args.methods.split(","):
         config = tiny_cpu.get_config()
         config.method = method
@@ -73,7 +73,8 @@ def main() -> None:
         controllers = median["plan"] + _controller_update_seconds(run, state)
         print(
             f"| {method} | {first:.1f} | {1e3 * median['plan']:.1f} | "
-            f"{median['rollout_and_reward']:.2f} | {median['update']:.2f} | {step:.2f} | "
+            f"{median['rollout']:.2f} | {1e3 * median['reward']:.1f} | {median['update']:.2f} | "
+            f"{step:.2f} | "
             f"{1e3 * controllers:.2f} | {100 * controllers / step:.2f} % |"
         )
 

@@ -8,7 +8,6 @@ Library code never reads flags: `experiments/train.py` passes the config in.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import time
@@ -29,25 +28,36 @@ from tqdm.auto import tqdm
 from gdro_jax import controllers, models, tasks
 from gdro_jax.models import fit_spec
 from gdro_jax.train._metrics import MetricsWriter
+from gdro_jax.train._rl_tasks import (
+    RewardFn,
+    RLTask,
+    as_device_rewards,
+    chain_task,
+    check_vocab,
+    math_task,
+    task_kind,
+)
 from gdro_jax.train._state import TrainState, init_train_state, state_shardings
 from gdro_jax.train._step import GRPOConfig, make_update, sample_rollouts
 
 METHODS = ("grpo", "prompt_gdro", "rollout_gdro", "gdro_both")
+MODEL_DIR = "model"  # the final policy, an HF folder with the tokenizer, inside the workdir
 
 
 class Run(NamedTuple):
     """Everything one training run needs, built once by `build_run`."""
 
     config: ml_collections.ConfigDict
-    task_config: tasks.ChainTaskConfig
-    splits: tasks.ChainSplits
-    pool: tasks.ChainArrays  # the training prompt pool, host arrays
+    task: RLTask  # the training prompt pool (host arrays) and its reward
+    task_config: tasks.ChainTaskConfig | None  # the chain task's config; None for math
+    splits: tasks.ChainSplits | None  # the chain task's train/validation/test rows; None for math
     mesh: jax.sharding.Mesh | None
     graphdef: nnx.GraphDef
     state: TrainState
     gdro: controllers.MultiAdversary
     plan: Callable  # jitted (gdro_state, prompt_ids, key) -> Plan
-    rollout: Callable  # jitted (params, plan, prompt_ids, key) -> Rollouts
+    rollout: Callable  # jitted (params, plan, prompt_ids, key) -> Rollouts, rewards still 0
+    reward: Callable  # (prompt_ids, rollouts, plan) -> scored Rollouts; jitted for device rewards
     update: Callable  # jitted, state donated: (state, plan, prompt_ids, rollouts) -> (state, m)
     prompt_batches: Any  # grain iterator of [N] prompt-index batches
 
@@ -89,11 +99,6 @@ def _load_policy(config: ml_collections.ConfigDict, mesh) -> models.Decoder:
     if config.init_from:
         return models.from_pretrained(config.init_from, mesh=mesh)
     model_config = models.DecoderConfig(**config.model.to_dict())
-    if model_config.vocab_size != tasks.VOCAB_SIZE:
-        raise ValueError(
-            f"model.vocab_size must be the task's {tasks.VOCAB_SIZE}, "
-            f"got model.vocab_size={model_config.vocab_size}"
-        )
     return models.init_decoder(model_config, seed=config.seed, mesh=mesh)
 
 
@@ -112,27 +117,40 @@ def batch_sharding(mesh, shape: tuple[int, ...]) -> NamedSharding | None:
     return NamedSharding(mesh, spec)
 
 
-RewardFn = Callable[[jax.Array, jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
-
-
 def build_run(config: ml_collections.ConfigDict, *, reward_fn: RewardFn | None = None) -> Run:
     """Builds the task, policy, controllers, optimizer and the jitted step functions.
 
     Args:
-      config: the run's config (see `experiments/configs/tiny_cpu.py`).
+      config: the run's config (see `experiments/configs/tiny_cpu.py`; `task_kind="math"` with a
+        `math` block trains on a math dataset, see `experiments/configs/paper_qwen3_1p7b.py`).
       reward_fn: optional jittable `(prompt_ids_N, completion_tokens_RM, completion_lengths_R,
-        prompt_of_slot_R) -> (rewards_R, correct_R)`. Default: the chain task's exact match of
-        the whole worked solution, mapped to `config.reward_values`.
+        prompt_of_slot_R) -> (rewards_R, correct_R)` replacing the task's reward. Default: the
+        chain task's exact match of the whole worked solution, or the math grader, mapped to
+        `config.reward_values`.
 
     Returns:
-      The `Run`.
+      The `Run`. Call `run.task.close()` when done (it stops the math grader's workers).
     """
-    task_config = tasks.ChainTaskConfig(**config.task.to_dict())
-    splits = tasks.build_splits(task_config)
-    pool = tasks.encode_rows(splits.train, task_config)
-    num_dataset_prompts = len(splits.train)
+    kind = task_kind(config)
+    task_config = splits = None
+    if kind == "chain":
+        task_config = tasks.ChainTaskConfig(**config.task.to_dict())
+        splits = tasks.build_splits(task_config)
+        task = chain_task(config, task_config)
+    else:
+        task = math_task(config)
+    try:
+        return _assemble(config, task, task_config, splits, reward_fn)
+    except BaseException:
+        task.close()
+        raise
+
+
+def _assemble(config, task, task_config, splits, reward_fn) -> Run:
+    num_dataset_prompts = task.num_prompts
     mesh = _make_mesh(config)
     model = _load_policy(config, mesh)
+    check_vocab(task, model.config.vocab_size)
     grpo_config = GRPOConfig(**config.grpo.to_dict())
     gdro, prompt_adversary = build_controllers(config, num_dataset_prompts)
     tx = make_optimizer(config)
@@ -140,19 +158,21 @@ def build_run(config: ml_collections.ConfigDict, *, reward_fn: RewardFn | None =
         model, tx, gdro, seed=config.seed, with_reference=grpo_config.kl_coef > 0
     )
     num_prompts = config.num_prompts
+    if num_prompts > num_dataset_prompts:
+        raise ValueError(
+            f"num_prompts={num_prompts} per step is more than the pool's {num_dataset_prompts} "
+            "prompts"
+        )
     num_bins = gdro_num_bins(config)
+    prompt_tokens = jnp.asarray(task.prompt_tokens)
+    prompt_lengths = jnp.asarray(task.prompt_lengths)
 
-    prompt_tokens = jnp.asarray(pool.prompt_tokens)
-    prompt_lengths = jnp.asarray(pool.prompt_lengths)
-    solution_tokens = jnp.asarray(pool.solution_tokens)
-    reward_values = tuple(float(v) for v in config.reward_values)
-
-    def exact_match_reward(ids_N, tokens_RM, lengths_R, prompt_of_slot_R):
-        gold_RS = solution_tokens[ids_N[prompt_of_slot_R]]
-        correct = tasks.solution_correct(tokens_RM, gold_RS, completion_lengths=lengths_R)
-        return jnp.where(correct, reward_values[1], reward_values[0]), correct
-
-    score = exact_match_reward if reward_fn is None else reward_fn
+    def constrain(tree):
+        if mesh is None:
+            return tree
+        return jax.tree.map(
+            lambda x: jax.lax.with_sharding_constraint(x, batch_sharding(mesh, x.shape)), tree
+        )
 
     @jax.jit
     def rollout(params, plan, prompt_ids, key):
@@ -165,14 +185,38 @@ def build_run(config: ml_collections.ConfigDict, *, reward_fn: RewardFn | None =
             key,
             max_new_tokens=config.max_new_tokens,
             temperature=grpo_config.temperature,
-            eos_ids=(tasks.EOS_ID,),
-            reward_fn=functools.partial(score, prompt_ids),
+            eos_ids=task.eos_ids,
         )
-        if mesh is None:
-            return result
-        return jax.tree.map(
-            lambda x: jax.lax.with_sharding_constraint(x, batch_sharding(mesh, x.shape)), result
-        )
+        return constrain(result)
+
+    device_reward = reward_fn if reward_fn is not None else task.device_reward
+    if device_reward is not None:
+
+        @jax.jit
+        def reward(prompt_ids, rollouts, plan):
+            rewards_R, correct_R = device_reward(
+                prompt_ids, rollouts.tokens, rollouts.lengths, plan.prompt_of_slot
+            )
+            return constrain(
+                rollouts._replace(
+                    rewards=jnp.asarray(rewards_R, jnp.float32),
+                    correct=jnp.asarray(correct_R, bool),
+                )
+            )
+
+    else:
+        num_slots = num_prompts * config.n_mean
+        slot_sharding = None if mesh is None else batch_sharding(mesh, (num_slots,))
+
+        def reward(prompt_ids, rollouts, plan):
+            rewards_R, correct_R = task.host_reward(
+                jax.device_get(prompt_ids),
+                jax.device_get(rollouts.tokens),
+                jax.device_get(rollouts.lengths),
+                jax.device_get(plan.prompt_of_slot),
+            )
+            rewards_R, correct_R = as_device_rewards(rewards_R, correct_R, slot_sharding)
+            return rollouts._replace(rewards=rewards_R, correct=correct_R)
 
     update_fn = make_update(
         graphdef,
@@ -196,15 +240,16 @@ def build_run(config: ml_collections.ConfigDict, *, reward_fn: RewardFn | None =
     )
     return Run(
         config=config,
+        task=task,
         task_config=task_config,
         splits=splits,
-        pool=pool,
         mesh=mesh,
         graphdef=graphdef,
         state=state,
         gdro=gdro,
         plan=plan,
         rollout=rollout,
+        reward=reward,
         update=update,
         prompt_batches=iter(dataset.to_iter_dataset()),
     )
@@ -230,9 +275,10 @@ def run_step(run: Run, state: TrainState, prompt_ids: np.ndarray):
     times["plan"] = time.perf_counter() - start
     start = time.perf_counter()
     rollouts = jax.block_until_ready(run.rollout(state.params, plan, ids, sample_key))
-    # Sampling and the exact-match reward run in one jitted call; the reward is a few
-    # comparisons, so its time is counted with the rollout.
-    times["rollout_and_reward"] = time.perf_counter() - start
+    times["rollout"] = time.perf_counter() - start
+    start = time.perf_counter()
+    rollouts = jax.block_until_ready(run.reward(ids, rollouts, plan))
+    times["reward"] = time.perf_counter() - start
     start = time.perf_counter()
     state, metrics = run.update(state, plan, ids, rollouts)
     metrics = jax.block_until_ready(metrics)
@@ -241,38 +287,34 @@ def run_step(run: Run, state: TrainState, prompt_ids: np.ndarray):
 
 
 def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict[str, Any]:
-    """Runs `config.steps` RL steps, logging every step, then evaluates on held-out problems.
+    """Runs `config.steps` RL steps, logging every step, and saves the final policy.
 
     Args:
       config: see `experiments/configs/tiny_cpu.py` for every field.
-      workdir: where `metrics.jsonl`, TensorBoard events (`tb/`), `config.json` and
-        `eval.json` go.
+      workdir: where `metrics.jsonl`, TensorBoard events (`tb/`), `config.json`,
+        `summary.json` and the final policy as an HF folder with its tokenizer (`model/`) go.
 
     Returns:
-      A summary dict: the last step's metrics, mean step times and the evaluation.
+      A summary dict (the last step's metrics, mean step times, prompts skipped for length)
+      plus `state` and `run`.
     """
     os.makedirs(workdir, exist_ok=True)
     with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as file:
         file.write(config.to_json_best_effort(indent=2))
     run = build_run(config)
-    state = run.state
-    step_times: list[dict[str, float]] = []
-    history: list[dict[str, Any]] = []
-    with MetricsWriter(workdir, tensorboard=config.tensorboard) as writer:
-        bar = tqdm(range(config.steps), desc=f"{config.method}", disable=not config.progress)
-        for step in bar:
-            prompt_ids = next(run.prompt_batches)
-            state, metrics, times = run_step(run, state, prompt_ids)
-            metrics = dict(metrics, **{f"time/{k}": v for k, v in times.items()})
-            row = writer.write(step + 1, metrics)
-            history.append(row)
-            step_times.append(times)
-            bar.set_postfix(
-                reward=f"{row['reward']:.3f}", step_s=f"{sum(times.values()):.2f}", refresh=False
-            )
+    try:
+        state, history, step_times = _train_loop(run, config, workdir)
+        models.save_pretrained(
+            nnx.merge(run.graphdef, state.params),
+            os.path.join(workdir, MODEL_DIR),
+            tokenizer=run.task.tokenizer,
+        )
+    finally:
+        run.task.close()
     summary = {
         "method": config.method,
         "steps": config.steps,
+        "skipped_prompts": run.task.skipped_prompts,
         "final": history[-1] if history else {},
         "mean_step_seconds": {
             name: float(np.mean([t[name] for t in step_times[1:] or step_times]))
@@ -282,3 +324,24 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
     with open(os.path.join(workdir, "summary.json"), "w", encoding="utf-8") as file:
         json.dump(summary, file, indent=2)
     return dict(summary, state=state, run=run)
+
+
+def _train_loop(run: Run, config: ml_collections.ConfigDict, workdir):
+    state = run.state
+    step_times: list[dict[str, float]] = []
+    history: list[dict[str, Any]] = []
+    # A new run: metrics.jsonl starts afresh, so the rows are this run's only.
+    with MetricsWriter(workdir, tensorboard=config.tensorboard, append=False) as writer:
+        bar = tqdm(range(config.steps), desc=f"{config.method}", disable=not config.progress)
+        for step in bar:
+            prompt_ids = next(run.prompt_batches)
+            state, metrics, times = run_step(run, state, prompt_ids)
+            metrics = dict(metrics, **{f"time/{k}": v for k, v in times.items()})
+            metrics.update(run.task.grader_counts())  # cumulative timeouts, crashes, ...
+            row = writer.write(step + 1, metrics)
+            history.append(row)
+            step_times.append(times)
+            bar.set_postfix(
+                reward=f"{row['reward']:.3f}", step_s=f"{sum(times.values()):.2f}", refresh=False
+            )
+    return state, history, step_times

@@ -125,6 +125,7 @@ def test_controller_decisions_never_recompile_the_step():
         allocations.add(tuple(np.asarray(metrics["bin/rollouts"]).tolist()))
     assert run.plan._cache_size() == 1
     assert run.rollout._cache_size() == 1
+    assert run.reward._cache_size() == 1
     assert run.update._cache_size() == 1
     assert int(state.step) == 4
     assert np.asarray(metrics["bin/rollouts"]).sum() == 8 * 4

@@ -1,0 +1,270 @@
+"""What the trainer needs from a task: a tokenised prompt pool and a reward.
+
+Two tasks plug into `build_run`:
+
+- `chain` (default): the CPU-sized chain task of `gdro_jax.tasks`; its reward (exact match of the
+  whole worked solution) is jittable and runs on the device.
+- `math`: a math dataset preset of `gdro_jax.data` (DAPO-Math for training), prompts in the
+  policy tokenizer's chat template, rewards from `gdro_jax.rewards.MathGrader`: completions are
+  decoded on the host and graded by math-verify in worker processes with a hard per-item
+  timeout, so a pathological answer costs at most the timeout and scores as wrong.
+
+Both map correctness to `config.reward_values` (SPEC 2: -1 / +1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from gdro_jax import data, rewards, tasks
+
+# (prompt_ids_N, completion_tokens_RM, completion_lengths_R, prompt_of_slot_R) -> (rewards_R,
+# correct_R): jittable on device arrays (chain) or plain numpy on the host (math).
+RewardFn = Callable[[Any, Any, Any, Any], tuple[Any, Any]]
+
+TASK_KINDS = ("chain", "math")
+
+
+@dataclasses.dataclass
+class RLTask:
+    """A training prompt pool and its reward, as the trainer consumes them.
+
+    Attributes:
+      kind: `"chain"` or `"math"`.
+      prompt_tokens: int32[D, P] the pool's prompts, right-padded with 0.
+      prompt_lengths: int32[D] their lengths.
+      eos_ids: token ids that end a completion.
+      vocab_size: the tokenizer's vocabulary size (the policy must match).
+      device_reward: the jittable reward, or None when the reward runs on the host.
+      host_reward: the host reward, or None when it runs on the device.
+      tokenizer: a transformers tokenizer saved with the final policy.
+      rows: the pool's dataset rows (`id`, `prompt`, `answer`, ...); a row's position is its
+        prompt index.
+      skipped_prompts: pool rows dropped because their prompt exceeded `max_prompt_tokens`.
+      grader: the math grader (closed by `close`), or None.
+    """
+
+    kind: str
+    prompt_tokens: np.ndarray
+    prompt_lengths: np.ndarray
+    eos_ids: tuple[int, ...]
+    vocab_size: int
+    device_reward: RewardFn | None
+    host_reward: RewardFn | None
+    tokenizer: Any
+    rows: list[dict]
+    skipped_prompts: int = 0
+    grader: rewards.MathGrader | None = None
+
+    @property
+    def num_prompts(self) -> int:
+        """D, the number of prompts in the pool (the classifier's dataset size)."""
+        return int(self.prompt_tokens.shape[0])
+
+    def close(self) -> None:
+        """Stops the grader's worker processes, if any."""
+        if self.grader is not None:
+            self.grader.close()
+
+    def grader_counts(self) -> dict[str, int]:
+        """Cumulative grader counts (timeouts, crashes, ...); empty for device rewards."""
+        if self.grader is None:
+            return {}
+        return {f"grader/{name}": int(value) for name, value in self.grader.stats._asdict().items()}
+
+
+def task_kind(config: ml_collections.ConfigDict) -> str:
+    """The config's task kind (`config.task_kind`, default `"chain"`), validated."""
+    kind = config.get("task_kind", "chain")
+    if kind not in TASK_KINDS:
+        raise ValueError(f"task_kind must be one of {TASK_KINDS}, got task_kind={kind!r}")
+    return kind
+
+
+def chain_task(config: ml_collections.ConfigDict, task_config: tasks.ChainTaskConfig) -> RLTask:
+    """The chain task's training pool with its on-device exact-match reward."""
+    splits = tasks.build_splits(task_config)
+    pool = tasks.encode_rows(splits.train, task_config)
+    solution_tokens = jnp.asarray(pool.solution_tokens)
+    low, high = (float(v) for v in config.reward_values)
+
+    def exact_match_reward(ids_N, tokens_RM, lengths_R, prompt_of_slot_R):
+        gold_RS = solution_tokens[ids_N[prompt_of_slot_R]]
+        correct = tasks.solution_correct(tokens_RM, gold_RS, completion_lengths=lengths_R)
+        return jnp.where(correct, high, low), correct
+
+    return RLTask(
+        kind="chain",
+        prompt_tokens=np.asarray(pool.prompt_tokens, np.int32),
+        prompt_lengths=np.asarray(pool.prompt_lengths, np.int32),
+        eos_ids=(tasks.EOS_ID,),
+        vocab_size=tasks.VOCAB_SIZE,
+        device_reward=exact_match_reward,
+        host_reward=None,
+        tokenizer=tasks.hf_tokenizer(),
+        rows=list(splits.train),
+    )
+
+
+def load_tokenizer(path: str | pathlib.Path):
+    """Loads the transformers tokenizer saved in `path`, with an error naming the folder."""
+    import transformers  # noqa: PLC0415  (heavy; only the math task needs it)
+
+    path = pathlib.Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"tokenizer folder {str(path)!r} does not exist")
+    try:
+        return transformers.AutoTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError) as error:
+        raise ValueError(
+            f"no usable tokenizer in {str(path)!r} (expected tokenizer.json / "
+            f"tokenizer_config.json): {error}"
+        ) from error
+
+
+def _eos_ids(tokenizer, names: tuple[str, ...]) -> tuple[int, ...]:
+    ids = []
+    if tokenizer.eos_token_id is not None:
+        ids.append(int(tokenizer.eos_token_id))
+    for name in names:
+        token_id = tokenizer.convert_tokens_to_ids(name)
+        if token_id is None or token_id == tokenizer.unk_token_id:
+            raise ValueError(f"math.eos_tokens names {name!r}, which the tokenizer does not know")
+        ids.append(int(token_id))
+    if not ids:
+        raise ValueError("the tokenizer has no eos token and math.eos_tokens is empty")
+    return tuple(dict.fromkeys(ids))
+
+
+def encode_prompts(
+    tokenizer, rows: list[dict], max_prompt_tokens: int, *, on_long_prompt: str = "skip"
+) -> tuple[np.ndarray, np.ndarray, list[dict], int]:
+    """Tokenises `rows[i]["prompt"]` into right-padded arrays.
+
+    Prompts longer than `max_prompt_tokens` are dropped and counted (`on_long_prompt="skip"`),
+    or raise naming the row (`"raise"`): truncating a math problem would change the problem.
+
+    Returns:
+      `(tokens [D, P] int32, lengths [D] int32, kept_rows, num_skipped)` with `P` the longest
+      kept prompt.
+    """
+    if on_long_prompt not in ("skip", "raise"):
+        raise ValueError(
+            f"on_long_prompt must be 'skip' or 'raise', got on_long_prompt={on_long_prompt!r}"
+        )
+    encoded = tokenizer([row["prompt"] for row in rows], add_special_tokens=False)["input_ids"]
+    kept_rows, kept_ids = [], []
+    for index, (row, ids) in enumerate(zip(rows, encoded, strict=True)):
+        if len(ids) > max_prompt_tokens:
+            if on_long_prompt == "raise":
+                raise ValueError(
+                    f"row {index} (id={row['id']!r}) has a prompt of {len(ids)} tokens, more "
+                    f"than max_prompt_tokens={max_prompt_tokens}"
+                )
+            continue
+        kept_rows.append(row)
+        kept_ids.append(ids)
+    if not kept_rows:
+        raise ValueError(
+            f"every prompt is longer than max_prompt_tokens={max_prompt_tokens}: nothing to "
+            "train on"
+        )
+    width = max(len(ids) for ids in kept_ids)
+    tokens = np.zeros((len(kept_ids), width), np.int32)
+    lengths = np.zeros((len(kept_ids),), np.int32)
+    for i, ids in enumerate(kept_ids):
+        tokens[i, : len(ids)] = ids
+        lengths[i] = len(ids)
+    return tokens, lengths, kept_rows, len(rows) - len(kept_rows)
+
+
+def math_task(config: ml_collections.ConfigDict, *, tokenizer=None) -> RLTask:
+    """A math dataset preset graded by math-verify in worker processes.
+
+    Args:
+      config: the run config; reads `config.math` (`preset`, `data_dir`, `limit`,
+        `chat_template`, `max_prompt_tokens`, `on_long_prompt`, `eos_tokens`, `grader_workers`,
+        `grader_timeout_s`), `config.reward_values`, and `config.tokenizer` or
+        `config.init_from` for the tokenizer folder.
+      tokenizer: a transformers tokenizer to use instead of loading one.
+
+    Returns:
+      The `RLTask`; call its `close()` to stop the grader.
+    """
+    math = config.math
+    if tokenizer is None:
+        folder = config.get("tokenizer", "") or config.init_from
+        if not folder:
+            raise ValueError(
+                "the math task needs a tokenizer: set config.tokenizer or config.init_from to a "
+                "folder with the tokenizer files"
+            )
+        tokenizer = load_tokenizer(folder)
+    rows = data.load_preset(
+        math.preset,
+        math.data_dir or None,
+        tokenizer=tokenizer if math.chat_template else None,
+    )
+    if math.limit:
+        rows = rows[: math.limit]
+    tokens, lengths, rows, skipped = encode_prompts(
+        tokenizer, rows, math.max_prompt_tokens, on_long_prompt=math.on_long_prompt
+    )
+    golds = [row["answer"] for row in rows]
+    eos_ids = _eos_ids(tokenizer, tuple(math.eos_tokens))
+    grader = rewards.MathGrader(num_workers=math.grader_workers, timeout_s=math.grader_timeout_s)
+    low, high = (float(v) for v in config.reward_values)
+    stop = set(eos_ids)
+
+    def graded_reward(ids_N, tokens_RM, lengths_R, prompt_of_slot_R):
+        ids_N, tokens_RM = np.asarray(ids_N), np.asarray(tokens_RM)
+        lengths_R, prompt_of_slot_R = np.asarray(lengths_R), np.asarray(prompt_of_slot_R)
+        texts = []
+        for tokens, length in zip(tokens_RM, lengths_R, strict=True):
+            completion = [int(t) for t in tokens[:length] if int(t) not in stop]
+            texts.append(tokenizer.decode(completion, skip_special_tokens=True))
+        slot_golds = [golds[int(ids_N[p])] for p in prompt_of_slot_R]
+        scores = np.asarray(grader.grade(texts, slot_golds, progress=False), np.float32)
+        correct = scores > 0.5
+        return np.where(correct, high, low).astype(np.float32), correct
+
+    return RLTask(
+        kind="math",
+        prompt_tokens=tokens,
+        prompt_lengths=lengths,
+        eos_ids=eos_ids,
+        vocab_size=len(tokenizer),
+        device_reward=None,
+        host_reward=graded_reward,
+        tokenizer=tokenizer,
+        rows=rows,
+        skipped_prompts=skipped,
+        grader=grader,
+    )
+
+
+def check_vocab(task: RLTask, vocab_size: int) -> None:
+    """Raises when the policy's embedding table cannot hold every token of the task."""
+    if vocab_size < task.vocab_size:
+        raise ValueError(
+            f"the policy's vocab_size={vocab_size} is smaller than the {task.kind} task's "
+            f"tokenizer ({task.vocab_size} tokens)"
+        )
+
+
+def as_device_rewards(rewards_R, correct_R, sharding) -> tuple[jax.Array, jax.Array]:
+    """Host rewards as device arrays, placed like the rollouts when a sharding is given."""
+    rewards_R = jnp.asarray(rewards_R, jnp.float32)
+    correct_R = jnp.asarray(correct_R, bool)
+    if sharding is not None:
+        rewards_R = jax.device_put(rewards_R, sharding)
+        correct_R = jax.device_put(correct_R, sharding)
+    return rewards_R, correct_R

@@ -1,0 +1,171 @@
+"""The math path end to end: 8 real DAPO-Math prompts, a tiny random Qwen3, the grader pool.
+
+A tokenizer is trained in the test (no hub), the policy is random, and one RL step samples,
+grades in worker processes and updates. A random policy earns nothing, so the reward path is
+also checked with completions written to contain the gold answer, and the update with them.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from experiments.configs import paper_qwen3, paper_qwen3_1p7b, paper_qwen3_4b, paper_qwen3_8b
+from gdro_jax import data, models, train
+from gdro_jax.sampling import completion_logprobs
+from gdro_jax.train._rl_tasks import encode_prompts
+
+NUM_PROMPTS = 8
+N_MEAN = 2
+
+
+@pytest.fixture(scope="module")
+def data_dir():
+    found = data.default_data_dir()
+    if found is None:
+        tried = ", ".join(str(path) for path in data.data_dir_candidates())
+        pytest.skip(f"no data directory: set {data.DATA_DIR_ENV} or provide one of {tried}")
+    return found
+
+
+@pytest.fixture(scope="module")
+def math_run(data_dir, tmp_path_factory):
+    rows = data.load_preset("dapo_math_en", data_dir)
+    texts = [row["prompt"] for row in rows[:300]] + [f"\\boxed{{{r['answer']}}}" for r in rows]
+    folder = tmp_path_factory.mktemp("tokenizer")
+    tokenizer = data.build_tokenizer(texts, vocab_size=512, path=folder)
+
+    config = paper_qwen3_1p7b.get_config()
+    config.update(
+        progress=False,
+        tensorboard=False,
+        method="gdro_both",
+        num_prompts=NUM_PROMPTS,
+        n_mean=N_MEAN,
+        max_new_tokens=16,
+        tokenizer=str(folder),
+    )
+    config.math.update(
+        data_dir=str(data_dir), limit=NUM_PROMPTS, max_prompt_tokens=4096, grader_workers=1
+    )
+    tiny = models.DecoderConfig.tiny(vocab_size=len(tokenizer), max_position_embeddings=4096)
+    config.model = dataclasses.asdict(tiny)
+    config.mesh.update(data=1, fsdp=1, tensor=1)
+    config.rollout_gdro.update(n_min=1, n_max=4)
+    run = train.build_run(config)
+    yield run, tokenizer
+    run.task.close()
+
+
+def test_the_pool_holds_the_first_rows_with_their_chat_prompts(math_run, data_dir):
+    run, tokenizer = math_run
+    rows = data.load_preset("dapo_math_en", data_dir)[:NUM_PROMPTS]
+    assert run.task.num_prompts == NUM_PROMPTS and run.task.skipped_prompts == 0
+    assert [row["id"] for row in run.task.rows] == [row["id"] for row in rows]
+    for i in (0, NUM_PROMPTS - 1):
+        length = int(run.task.prompt_lengths[i])
+        text = tokenizer.decode(run.task.prompt_tokens[i, :length].tolist())
+        assert text.startswith("<|im_start|>user\n") and text.endswith("<|im_start|>assistant\n")
+        assert rows[i]["problem"] in text and data.PROMPT_SUFFIX in text
+        assert not run.task.prompt_tokens[i, length:].any()
+
+
+def test_one_full_step_samples_grades_and_updates(math_run):
+    run, _ = math_run
+    state = jax.tree.map(jnp.copy, run.state)  # the update donates its input
+    before = run.task.grader.stats.items
+    ids = next(run.prompt_batches)
+    state, metrics, times = train.run_step(run, state, ids)
+    assert int(state.step) == 1
+    assert run.task.grader.stats.items - before == NUM_PROMPTS * N_MEAN
+    assert -1.0 <= float(metrics["reward"]) <= 1.0
+    for name in ("loss", "reward", "grad_norm", "response_length"):
+        assert np.isfinite(float(metrics[name])), name
+    assert set(times) == {"plan", "rollout", "reward", "update"}
+    assert all(np.isfinite(p).all() for p in jax.tree.leaves(state.params))
+
+
+def _completion_tokens(tokenizer, texts, width):
+    tokens = np.zeros((len(texts), width), np.int32)
+    lengths = np.zeros((len(texts),), np.int32)
+    for i, text in enumerate(texts):
+        ids = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
+        tokens[i, : len(ids)] = ids
+        lengths[i] = len(ids)
+    return jnp.asarray(tokens), jnp.asarray(lengths)
+
+
+def test_graded_rewards_follow_the_gold_answers_and_move_the_policy(math_run):
+    run, tokenizer = math_run
+    state = jax.tree.map(jnp.copy, run.state)  # the update donates its input
+    ids = jnp.arange(NUM_PROMPTS, dtype=jnp.int32)
+    plan = run.plan(state.gdro, ids, jax.random.key(0))
+    rollouts = run.rollout(state.params, plan, ids, jax.random.key(1))
+    slot_prompt = np.asarray(plan.prompt_of_slot)
+    golds = [run.task.rows[int(p)]["answer"] for p in slot_prompt]
+    # Even slots answer correctly, odd slots give a wrong number; so each group is mixed.
+    texts = [
+        f"so the answer is \\boxed{{{gold if slot % 2 == 0 else str(int(gold) + 1)}}}"
+        for slot, gold in enumerate(golds)
+    ]
+    tokens, lengths = _completion_tokens(tokenizer, texts, 64)
+    rollouts = rollouts._replace(tokens=tokens, lengths=lengths, logprobs=jnp.zeros((16, 64)))
+    scored = run.reward(ids, rollouts, plan)
+    expected = np.where(np.arange(len(golds)) % 2 == 0, 1.0, -1.0)
+    np.testing.assert_array_equal(np.asarray(scored.rewards), expected)
+    np.testing.assert_array_equal(np.asarray(scored.correct), expected > 0)
+
+    # Old log-probs of the crafted completions under the current policy (ratio 1 at the start).
+    old = completion_logprobs(
+        nnx.merge(run.graphdef, state.params),
+        scored.prompt_tokens,
+        scored.prompt_lengths,
+        scored.tokens,
+        scored.lengths,
+    )
+    scored = scored._replace(logprobs=old)
+    params_before = jax.tree.map(np.asarray, state.params)
+    new_state, metrics = run.update(state, plan, ids, scored)
+    moved = max(
+        float(np.abs(np.asarray(a) - b).max())
+        for a, b in zip(
+            jax.tree.leaves(new_state.params), jax.tree.leaves(params_before), strict=True
+        )
+    )
+    assert moved > 0.0
+    assert float(metrics["nonzero_advantage_fraction"]) == 1.0
+
+
+def test_long_prompts_are_skipped_and_counted_or_raise():
+    class Whitespace:
+        def __call__(self, texts, add_special_tokens=False):
+            return {"input_ids": [[1] * len(text.split()) for text in texts]}
+
+    rows = [{"id": str(i), "prompt": " ".join(["w"] * n)} for i, n in enumerate([3, 9, 5])]
+    tokens, lengths, kept, skipped = encode_prompts(Whitespace(), rows, 5)
+    assert skipped == 1 and [row["id"] for row in kept] == ["0", "2"]
+    assert tokens.shape == (2, 5) and lengths.tolist() == [3, 5]
+    with pytest.raises(ValueError, match=r"row 1 \(id='1'\) has a prompt of 9 tokens"):
+        encode_prompts(Whitespace(), rows, 5, on_long_prompt="raise")
+    with pytest.raises(ValueError, match="on_long_prompt"):
+        encode_prompts(Whitespace(), rows, 5, on_long_prompt="truncate")
+
+
+@pytest.mark.parametrize(
+    ("module", "d_model"),
+    [(paper_qwen3_1p7b, 2048), (paper_qwen3_4b, 2560), (paper_qwen3_8b, 4096)],
+)
+def test_paper_configs_carry_the_papers_settings(module, d_model):
+    config = module.get_config()
+    assert config.model.d_model == d_model and config.task_kind == "math"
+    assert (config.num_prompts, config.n_mean, config.steps) == (256, 4, 1000)
+    assert config.optimizer.learning_rate == 1e-6 and config.max_new_tokens == 4096
+    assert (config.grpo.eps_low, config.grpo.eps_high, config.grpo.kl_coef) == (0.2, 0.28, 0.001)
+    assert (config.eval.temperature, config.eval.top_p, config.eval.top_k) == (0.6, 0.8, 20)
+    assert config.prompt_gdro.eta == 0.65 and config.rollout_gdro.n_max == 12
+    models.DecoderConfig(**config.model.to_dict())  # a valid architecture
+    with pytest.raises(ValueError, match="size"):
+        paper_qwen3.paper_config("70b")
