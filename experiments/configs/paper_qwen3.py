@@ -88,6 +88,9 @@ def paper_config(size: str) -> ml_collections.ConfigDict:
             temperature=1.0,
         )
     )
+    # Steps with a non-finite loss or gradient are skipped; this many in a row stop the run.
+    config.guards = ml_collections.ConfigDict(dict(max_consecutive_skips=3))
+    config.reward_timeout_s = 0.0  # host rewards: seconds before a hung call stops the run
     config.classifier = ml_collections.ConfigDict(
         dict(window=8, statistic="pass_at_k", k=8, hysteresis=0.0, unseen="hardest")
     )

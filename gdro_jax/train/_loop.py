@@ -27,6 +27,15 @@ from tqdm.auto import tqdm
 
 from gdro_jax import controllers, models, tasks
 from gdro_jax.models import fit_spec
+from gdro_jax.train._guards import (
+    HostRewardCaller,
+    RewardError,
+    check_model_fits,
+    check_rewards,
+    check_skips,
+    max_skips,
+    validate_config,
+)
 from gdro_jax.train._metrics import MetricsWriter
 from gdro_jax.train._rl_tasks import (
     RewardFn,
@@ -131,6 +140,7 @@ def build_run(config: ml_collections.ConfigDict, *, reward_fn: RewardFn | None =
     Returns:
       The `Run`. Call `run.task.close()` when done (it stops the math grader's workers).
     """
+    validate_config(config)
     kind = task_kind(config)
     task_config = splits = None
     if kind == "chain":
@@ -151,6 +161,9 @@ def _assemble(config, task, task_config, splits, reward_fn) -> Run:
     mesh = _make_mesh(config)
     model = _load_policy(config, mesh)
     check_vocab(task, model.config.vocab_size)
+    check_model_fits(
+        task.prompt_tokens.shape[1], config.max_new_tokens, model.config.max_position_embeddings
+    )
     grpo_config = GRPOConfig(**config.grpo.to_dict())
     gdro, prompt_adversary = build_controllers(config, num_dataset_prompts)
     tx = make_optimizer(config)
@@ -190,6 +203,9 @@ def _assemble(config, task, task_config, splits, reward_fn) -> Run:
         return constrain(result)
 
     device_reward = reward_fn if reward_fn is not None else task.device_reward
+    task.reward_name = f"of the {task.kind} task"
+    if reward_fn is not None:
+        task.reward_name = "reward_fn (passed to build_run)"
     if device_reward is not None:
 
         @jax.jit
@@ -207,9 +223,13 @@ def _assemble(config, task, task_config, splits, reward_fn) -> Run:
     else:
         num_slots = num_prompts * config.n_mean
         slot_sharding = None if mesh is None else batch_sharding(mesh, (num_slots,))
+        host_reward = HostRewardCaller(
+            task.host_reward, task.reward_name, config.get("reward_timeout_s", 0.0)
+        )
+        task.on_close(host_reward.close)
 
         def reward(prompt_ids, rollouts, plan):
-            rewards_R, correct_R = task.host_reward(
+            rewards_R, correct_R = host_reward(
                 jax.device_get(prompt_ids),
                 jax.device_get(rollouts.tokens),
                 jax.device_get(rollouts.lengths),
@@ -277,12 +297,21 @@ def run_step(run: Run, state: TrainState, prompt_ids: np.ndarray):
     rollouts = jax.block_until_ready(run.rollout(state.params, plan, ids, sample_key))
     times["rollout"] = time.perf_counter() - start
     start = time.perf_counter()
-    rollouts = jax.block_until_ready(run.reward(ids, rollouts, plan))
+    try:
+        rollouts = jax.block_until_ready(run.reward(ids, rollouts, plan))
+        check_rewards(run.task.reward_name, rollouts.rewards)
+    except RewardError as error:
+        # The step number is read from the device only on this error path.
+        raise RewardError(f"step {int(state.step) + 1}: {error}") from error
     times["reward"] = time.perf_counter() - start
     start = time.perf_counter()
     state, metrics = run.update(state, plan, ids, rollouts)
     metrics = jax.block_until_ready(metrics)
     times["update"] = time.perf_counter() - start
+    # Stops the run after too many non-finite steps in a row (each was skipped by the update).
+    consecutive, limit = int(metrics["consecutive_skips"]), max_skips(run.config)
+    if limit and consecutive >= limit:
+        check_skips(consecutive, limit, int(state.step))
     return state, metrics, times
 
 

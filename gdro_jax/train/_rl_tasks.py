@@ -63,16 +63,24 @@ class RLTask:
     rows: list[dict]
     skipped_prompts: int = 0
     grader: rewards.MathGrader | None = None
+    reward_name: str = ""  # how reward errors name the reward function
+    _closers: list[Callable[[], None]] = dataclasses.field(default_factory=list)
 
     @property
     def num_prompts(self) -> int:
         """D, the number of prompts in the pool (the classifier's dataset size)."""
         return int(self.prompt_tokens.shape[0])
 
+    def on_close(self, fn: Callable[[], None]) -> None:
+        """Registers `fn` to run at `close()` (e.g. a reward thread pool)."""
+        self._closers.append(fn)
+
     def close(self) -> None:
-        """Stops the grader's worker processes, if any."""
+        """Stops the grader's worker processes and anything registered with `on_close`."""
         if self.grader is not None:
             self.grader.close()
+        for fn in self._closers:
+            fn()
 
     def grader_counts(self) -> dict[str, int]:
         """Cumulative grader counts (timeouts, crashes, ...); empty for device rewards."""

@@ -27,8 +27,10 @@ class TrainState(NamedTuple):
     opt_state: optax.OptState  # sharded like params
     gdro: GDROState  # classifier, Prompt-GDRO and Rollout-GDRO states, replicated
     key: jax.Array  # [] PRNG key, replicated
-    step: jax.Array  # [] int32 number of completed RL steps
+    step: jax.Array  # [] int32 number of completed RL steps (skipped ones included)
     ref_params: nnx.State | None  # frozen reference policy for the KL term; None when beta = 0
+    skipped_steps: jax.Array  # [] int32 steps skipped for a non-finite loss or gradient
+    consecutive_skips: jax.Array  # [] int32 skipped steps in a row, up to this one
 
 
 def init_train_state(
@@ -63,6 +65,8 @@ def init_train_state(
         key=jax.random.key(seed),
         step=jnp.zeros((), jnp.int32),
         ref_params=reference,
+        skipped_steps=jnp.zeros((), jnp.int32),
+        consecutive_skips=jnp.zeros((), jnp.int32),
     )
     if model.mesh is None:
         # Commit every leaf to the device, as the update's outputs are: a jitted function sees
@@ -79,6 +83,8 @@ def init_train_state(
             gdro=replicate(state.gdro, model.mesh),
             key=replicate(state.key, model.mesh),
             step=replicate(state.step, model.mesh),
+            skipped_steps=replicate(state.skipped_steps, model.mesh),
+            consecutive_skips=replicate(state.consecutive_skips, model.mesh),
         )
     return graphdef, state
 

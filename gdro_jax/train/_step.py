@@ -268,10 +268,34 @@ def make_update(
         gdro_state = gdro.update(
             state.gdro, plan, prompt_ids, num_correct=num_correct_N, losses=signal_N
         )
+        # Guard: a step with a non-finite loss, gradient or reward is skipped whole
+        # (parameters, optimizer and controller states keep their pre-step values), counted, and
+        # reported; the step counter and the key still advance so the next step samples afresh.
+        # Non-finite rewards count too: group statistics would silently zero their advantages.
+        finite = (
+            jnp.all(jnp.isfinite(mb_metrics["loss"]))
+            & jnp.all(jnp.isfinite(mb_metrics["grad_norm"]))
+            & jnp.all(jnp.isfinite(rollouts.rewards))
+        )
+
+        def keep_if_finite(new, old):
+            return jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
+
         new_state = state._replace(
-            params=params, opt_state=opt_state, gdro=gdro_state, key=key, step=state.step + 1
+            params=keep_if_finite(params, state.params),
+            opt_state=keep_if_finite(opt_state, state.opt_state),
+            gdro=keep_if_finite(gdro_state, state.gdro),
+            key=key,
+            step=state.step + 1,
+            skipped_steps=state.skipped_steps + (~finite).astype(jnp.int32),
+            consecutive_skips=jnp.where(finite, 0, state.consecutive_skips + 1),
         )
         metrics = {name: jnp.mean(value) for name, value in mb_metrics.items()}
+        metrics.update(
+            skipped=(~finite).astype(jnp.int32),
+            skipped_steps=new_state.skipped_steps,
+            consecutive_skips=new_state.consecutive_skips,
+        )
         metrics.update(
             step_metrics(
                 state,
