@@ -1,4 +1,5 @@
-"""Test configuration: eight fake CPU devices, so sharding code paths run on every machine."""
+"""Test configuration: eight fake CPU devices, so sharding code paths run on every machine, and
+the `data_dir` fixture for tests that read the shared data files."""
 
 import os
 
@@ -11,3 +12,18 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "allow")
+
+
+import pytest  # noqa: E402
+
+from gdro_jax import data  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def data_dir():
+    """`gdro_jax.data.default_data_dir()`; skips tests that need the files when there is none."""
+    found = data.default_data_dir()
+    if found is None:
+        tried = ", ".join(str(path) for path in data.data_dir_candidates())
+        pytest.skip(f"no data directory: set {data.DATA_DIR_ENV} or provide one of {tried}")
+    return found

@@ -22,15 +22,6 @@ NUM_SAMPLES = 2
 
 
 @pytest.fixture(scope="module")
-def data_dir():
-    found = data.default_data_dir()
-    if found is None:
-        tried = ", ".join(str(path) for path in data.data_dir_candidates())
-        pytest.skip(f"no data directory: set {data.DATA_DIR_ENV} or provide one of {tried}")
-    return found
-
-
-@pytest.fixture(scope="module")
 def math500(data_dir):
     return data.load_preset("math500", data_dir, suffix=None)
 

@@ -7,7 +7,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments.configs import tiny_cpu
 from gdro_jax import train
 from gdro_jax.train._guards import (
     HostRewardCaller,
@@ -16,23 +15,12 @@ from gdro_jax.train._guards import (
     check_model_fits,
     validate_config,
 )
+from tests.train.configs import tiny_config
 
 
 def _config(method="grpo", **overrides):
-    config = tiny_cpu.get_config()
-    config.update(method=method, progress=False, tensorboard=False)
-    config.update(num_prompts=4, n_mean=2, max_new_tokens=8)
-    config.task.update(pool_size=32, validation_per_level=2, test_per_level=2)
-    config.model.update(d_model=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16)
-    config.model.mlp_dim = 64
-    config.optimizer.learning_rate = 1e-2
-    for name, value in overrides.items():
-        target = config
-        *path, last = name.split(".")
-        for part in path:
-            target = target[part]
-        target[last] = value
-    return config
+    sizes = {"num_prompts": 4, "n_mean": 2, "max_new_tokens": 8, "task.pool_size": 32}
+    return tiny_config(method, **{**sizes, "model.num_layers": 1, **overrides})
 
 
 @pytest.mark.parametrize(

@@ -23,15 +23,6 @@ N_MEAN = 2
 
 
 @pytest.fixture(scope="module")
-def data_dir():
-    found = data.default_data_dir()
-    if found is None:
-        tried = ", ".join(str(path) for path in data.data_dir_candidates())
-        pytest.skip(f"no data directory: set {data.DATA_DIR_ENV} or provide one of {tried}")
-    return found
-
-
-@pytest.fixture(scope="module")
 def math_run(data_dir, tmp_path_factory):
     rows = data.load_preset("dapo_math_en", data_dir)
     texts = [row["prompt"] for row in rows[:300]] + [f"\\boxed{{{r['answer']}}}" for r in rows]

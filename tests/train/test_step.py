@@ -7,31 +7,12 @@ import optax
 import pytest
 from flax import nnx
 
-from experiments.configs import tiny_cpu
 from gdro_jax import train
+from tests.train.configs import tiny_config
 
 
 def _config(method="grpo", **overrides):
-    config = tiny_cpu.get_config()
-    config.method = method
-    config.progress = False
-    config.tensorboard = False
-    config.num_prompts = 8
-    config.n_mean = 4
-    config.max_new_tokens = 16
-    config.task.pool_size = 64
-    config.task.validation_per_level = 2
-    config.task.test_per_level = 2
-    config.model.update(d_model=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16)
-    config.model.mlp_dim = 64
-    config.optimizer.learning_rate = 1e-2
-    for name, value in overrides.items():
-        target = config
-        *path, last = name.split(".")
-        for part in path:
-            target = target[part]
-        target[last] = value
-    return config
+    return tiny_config(method, **overrides)
 
 
 def _synthetic_rollouts(run, plan, prompt_ids, seed):
