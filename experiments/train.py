@@ -4,23 +4,35 @@
         --config.method=gdro_both --config.steps=60 --config.seed=0 \
         [--config.init_from=runs/warm_start/model]
 
-Writes `metrics.jsonl` (one JSON object per step), TensorBoard events (`tb/`), `config.json` and
-`summary.json` to the work directory.
+Writes `metrics.jsonl` (one JSON object per step), TensorBoard events (`tb/`), `config.json`,
+`checkpoints/` and `summary.json` to the work directory. Running the same command again resumes
+from the newest checkpoint in `--workdir` (exactly: same data order, RNG and controller states);
+`--config.steps` may be raised to extend a finished run. On SIGTERM or Ctrl-C the step in flight
+finishes and is checkpointed, and the process exits with status 128 + the signal number (143 for
+SIGTERM, 130 for SIGINT), so a scheduler or a shell `&&` does not take the run for finished.
 """
 
-from absl import app, flags
+import sys
+
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 from gdro_jax import train
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file.")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Folder for metrics, TensorBoard and summaries.")
+_WORKDIR = flags.DEFINE_string(
+    "workdir", None, "Folder for metrics, checkpoints, TensorBoard and summaries; resumed if set."
+)
 flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
     del argv
-    train.train(_CONFIG.value, _WORKDIR.value)
+    try:
+        train.train(_CONFIG.value, _WORKDIR.value)
+    except train.TrainingInterrupted as stop:
+        logging.warning("%s", stop)
+        sys.exit(128 + stop.signum)
 
 
 if __name__ == "__main__":

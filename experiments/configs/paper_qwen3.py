@@ -64,6 +64,9 @@ def paper_config(size: str) -> ml_collections.ConfigDict:
     preset = getattr(models.DecoderConfig, SIZES[size])()
     config.model = ml_collections.ConfigDict(dataclasses.asdict(preset))
     config.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=8, tensor=1))
+    # Checkpoints in workdir/checkpoints: every K steps, at the last step and on SIGTERM/Ctrl-C;
+    # the newest `keep` are kept (each holds params, both Adam moments and the reference).
+    config.checkpoint = ml_collections.ConfigDict(dict(enabled=True, every_steps=25, keep=3))
     config.optimizer = ml_collections.ConfigDict(
         dict(
             learning_rate=1e-6,

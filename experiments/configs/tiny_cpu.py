@@ -28,6 +28,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.init_from = ""
     config.model = chain_setup.model()
     config.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=1))
+    # Checkpoints in workdir/checkpoints: every K steps, at the last step and on SIGTERM/Ctrl-C;
+    # the newest `keep` are kept. A rerun with the same workdir resumes exactly.
+    config.checkpoint = ml_collections.ConfigDict(dict(enabled=True, every_steps=10, keep=2))
     config.optimizer = ml_collections.ConfigDict(
         dict(
             learning_rate=1e-5,  # chosen on validation (see demo.py); 1e-4 destabilised gdro_both

@@ -1,5 +1,14 @@
-"""Training: the TrainState pytree, the GRPO/GDRO step, the loop, metrics, and the warm start."""
+"""Training: TrainState, the GRPO/GDRO step, the loop, checkpoints, metrics, the warm start."""
 
+from gdro_jax.train._checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    TrainingInterrupted,
+    abstract_state,
+    checkpoint_manager,
+    restore_checkpoint,
+    save_checkpoint,
+)
 from gdro_jax.train._demo import run_demo
 from gdro_jax.train._loop import (
     METHODS,
@@ -23,14 +32,19 @@ from gdro_jax.train._step import GRPOConfig, Rollouts, make_update, sample_rollo
 
 __all__ = [
     "METHODS",
+    "Checkpoint",
+    "CheckpointError",
     "GRPOConfig",
     "MetricsWriter",
     "PretrainResult",
     "Rollouts",
     "Run",
     "TrainState",
+    "TrainingInterrupted",
+    "abstract_state",
     "build_controllers",
     "build_run",
+    "checkpoint_manager",
     "check_frontier",
     "init_train_state",
     "make_optimizer",
@@ -38,9 +52,11 @@ __all__ = [
     "pretrain",
     "pretrain_model",
     "read_metrics",
+    "restore_checkpoint",
     "run_demo",
     "run_step",
     "sample_rollouts",
+    "save_checkpoint",
     "step_metrics",
     "supervised_loss",
     "train",

@@ -9,6 +9,7 @@ Library code never reads flags: `experiments/train.py` passes the config in.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -27,6 +28,21 @@ from tqdm.auto import tqdm
 
 from gdro_jax import controllers, models, tasks
 from gdro_jax.models import fit_spec
+from gdro_jax.train._checkpoint import (
+    CHECKPOINT_DIR,
+    Checkpoint,
+    CheckpointError,
+    TrainingInterrupted,
+    abstract_state,
+    check_config,
+    checkpoint_manager,
+    checkpoint_options,
+    restore_checkpoint,
+    rewind_metrics,
+    save_checkpoint,
+    saved_config,
+    stop_on_signals,
+)
 from gdro_jax.train._guards import (
     HostRewardCaller,
     RewardError,
@@ -36,7 +52,7 @@ from gdro_jax.train._guards import (
     max_skips,
     validate_config,
 )
-from gdro_jax.train._metrics import MetricsWriter
+from gdro_jax.train._metrics import MetricsWriter, read_metrics
 from gdro_jax.train._rl_tasks import (
     RewardFn,
     RLTask,
@@ -318,31 +334,63 @@ def run_step(run: Run, state: TrainState, prompt_ids: np.ndarray):
 def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict[str, Any]:
     """Runs `config.steps` RL steps, logging every step, and saves the final policy.
 
+    With `config.checkpoint.enabled` the run resumes by itself: when `workdir/checkpoints/` holds
+    a checkpoint, the newest usable one is restored (state, data position, metrics cursor) and
+    the run continues exactly where it was, bit for bit on CPU. A checkpoint is written every
+    `config.checkpoint.every_steps` steps, at the last step, and on SIGTERM/SIGINT (the step in
+    flight finishes, is saved, and `TrainingInterrupted` is raised). Resuming under a config that
+    changes the run (anything outside `RESUMABLE_FIELDS`) raises a ValueError naming the fields
+    before anything in `workdir` is touched.
+
     Args:
       config: see `experiments/configs/tiny_cpu.py` for every field.
       workdir: where `metrics.jsonl`, TensorBoard events (`tb/`), `config.json`,
-        `summary.json` and the final policy as an HF folder with its tokenizer (`model/`) go.
+        `summary.json`, `checkpoints/` and the final policy as an HF folder with its tokenizer
+        (`model/`) go.
 
     Returns:
       A summary dict (the last step's metrics, mean step times, prompts skipped for length)
-      plus `state` and `run`.
+      plus `state` and `run`. A workdir whose run already reached `config.steps` returns at once
+      with the saved state.
+
+    Raises:
+      TrainingInterrupted: on SIGTERM/SIGINT, after the checkpoint of the step reached is saved.
+      CheckpointError: checkpoints exist but none can be restored.
     """
     os.makedirs(workdir, exist_ok=True)
-    with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as file:
-        file.write(config.to_json_best_effort(indent=2))
-    run = build_run(config)
+    enabled, every_steps, keep = checkpoint_options(config)
+    manager = _open_checkpoints(config, workdir, enabled=enabled, keep=keep)
     try:
-        state, history, step_times = _train_loop(run, config, workdir)
-        models.save_pretrained(
-            nnx.merge(run.graphdef, state.params),
-            os.path.join(workdir, MODEL_DIR),
-            tokenizer=run.task.tokenizer,
-        )
+        run = build_run(config)
+        try:
+            run, resumed = _resume(run, config, manager)
+            with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as file:
+                file.write(config.to_json_best_effort(indent=2))
+            state, history, step_times = _train_loop(
+                run, config, workdir, manager=manager, resumed=resumed, every_steps=every_steps
+            )
+            completed = int(state.step)
+            finished = None if history else _finished_summary(workdir, completed)
+            if finished is None:
+                models.save_pretrained(
+                    nnx.merge(run.graphdef, state.params),
+                    os.path.join(workdir, MODEL_DIR),
+                    tokenizer=run.task.tokenizer,
+                )
+        finally:
+            run.task.close()
     finally:
-        run.task.close()
+        if manager is not None:
+            manager.close()
+    if finished is not None:
+        # Nothing to do: the workdir already holds this step's policy and summary.
+        return dict(finished, state=state, run=run)
+    if not history and os.path.exists(os.path.join(workdir, "metrics.jsonl")):
+        history = read_metrics(os.path.join(workdir, "metrics.jsonl"))[-1:]
     summary = {
         "method": config.method,
         "steps": config.steps,
+        "completed_steps": completed,
         "skipped_prompts": run.task.skipped_prompts,
         "final": history[-1] if history else {},
         "mean_step_seconds": {
@@ -355,22 +403,120 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
     return dict(summary, state=state, run=run)
 
 
-def _train_loop(run: Run, config: ml_collections.ConfigDict, workdir):
+def _train_loop(
+    run: Run,
+    config: ml_collections.ConfigDict,
+    workdir,
+    *,
+    manager=None,
+    resumed: Checkpoint | None = None,
+    every_steps: int = 1,
+):
+    """Steps from the restored step (or 0) to `config.steps`; returns state, rows, step times."""
     state = run.state
+    start = 0 if resumed is None else resumed.step
+    if start > config.steps:
+        logging.warning("the checkpoint holds step %d, past steps=%d", start, config.steps)
     step_times: list[dict[str, float]] = []
     history: list[dict[str, Any]] = []
-    # A new run: metrics.jsonl starts afresh, so the rows are this run's only.
-    with MetricsWriter(workdir, tensorboard=config.tensorboard, append=False) as writer:
-        bar = tqdm(range(config.steps), desc=f"{config.method}", disable=not config.progress)
-        for step in bar:
-            prompt_ids = next(run.prompt_batches)
-            state, metrics, times = run_step(run, state, prompt_ids)
-            metrics = dict(metrics, **{f"time/{k}": v for k, v in times.items()})
-            metrics.update(run.task.grader_counts())  # cumulative timeouts, crashes, ...
-            row = writer.write(step + 1, metrics)
-            history.append(row)
-            step_times.append(times)
-            bar.set_postfix(
-                reward=f"{row['reward']:.3f}", step_s=f"{sum(times.values()):.2f}", refresh=False
-            )
+    writer = None
+    bar = tqdm(
+        range(start, config.steps),
+        initial=min(start, config.steps),
+        total=config.steps,
+        desc=f"{config.method}",
+        disable=not config.progress,
+    )
+    try:
+        with stop_on_signals() as stop:
+            for step in bar:
+                prompt_ids = next(run.prompt_batches)
+                state, metrics, times = run_step(run, state, prompt_ids)
+                metrics = dict(metrics, **{f"time/{k}": v for k, v in times.items()})
+                metrics.update(run.task.grader_counts())  # cumulative timeouts, crashes, ...
+                if writer is None:
+                    # Opened at the first finished step: a run that fails before it leaves
+                    # metrics.jsonl as it was.
+                    writer = _open_metrics(workdir, config, resumed)
+                row = writer.write(step + 1, metrics)
+                history.append(row)
+                step_times.append(times)
+                bar.set_postfix(
+                    reward=f"{row['reward']:.3f}",
+                    step_s=f"{sum(times.values()):.2f}",
+                    refresh=False,
+                )
+                last = step + 1 == config.steps
+                path = None
+                if manager is not None and ((step + 1) % every_steps == 0 or last or stop.signum):
+                    path = save_checkpoint(
+                        manager,
+                        state,
+                        run.prompt_batches,
+                        config=config,
+                        metrics_bytes=os.path.getsize(writer.path),
+                    )
+                if stop.signum is not None and not last:
+                    raise TrainingInterrupted(step + 1, stop.signum, path)
+    finally:
+        bar.close()
+        if writer is not None:
+            writer.close()
     return state, history, step_times
+
+
+def _open_checkpoints(config, workdir, *, enabled: bool, keep: int):
+    """The checkpoint manager (None when disabled), after checking the saved config matches."""
+    directory = os.path.join(workdir, CHECKPOINT_DIR)
+    if not enabled:
+        if os.path.isdir(directory) and any(name.isdigit() for name in os.listdir(directory)):
+            raise ValueError(
+                f"{directory} holds checkpoints of a run but checkpoint.enabled is False; enable "
+                "checkpoints to resume that run, or use a new workdir"
+            )
+        return None
+    manager = checkpoint_manager(directory, keep=keep)
+    try:
+        saved = saved_config(manager)
+        if saved is not None:
+            check_config(saved[1], config, saved[0])
+    except BaseException:
+        manager.close()
+        raise
+    return manager
+
+
+def _resume(run: Run, config, manager) -> tuple[Run, Checkpoint | None]:
+    """Restores the newest usable checkpoint into `run` (its state and data position)."""
+    if manager is None or not manager.all_steps():
+        return run, None
+    template = abstract_state(run.state)
+    # Drops the fresh arrays before restoring, so the parameters are never held twice.
+    run = run._replace(state=template)
+    resumed = restore_checkpoint(manager, template, run.prompt_batches)
+    if resumed is None:
+        raise CheckpointError(f"{manager.directory} lost its checkpoints while resuming")
+    check_config(resumed.meta["config"], config, resumed.path)
+    logging.info("resuming from %s (step %d)", resumed.path, resumed.step)
+    return run._replace(state=resumed.state), resumed
+
+
+def _open_metrics(workdir, config, resumed: Checkpoint | None) -> MetricsWriter:
+    if resumed is None:
+        # A new run: metrics.jsonl starts afresh, so the rows are this run's only.
+        return MetricsWriter(workdir, tensorboard=config.tensorboard, append=False)
+    path = os.path.join(workdir, "metrics.jsonl")
+    dropped = rewind_metrics(path, resumed.step, resumed.meta["metrics_bytes"])
+    if dropped:
+        logging.info("dropped %d metrics rows after step %d (redone)", dropped, resumed.step)
+    return MetricsWriter(workdir, tensorboard=config.tensorboard, append=True)
+
+
+def _finished_summary(workdir, step: int) -> dict[str, Any] | None:
+    """The summary of `workdir` if it holds the final policy of a run that completed `step`."""
+    path = os.path.join(workdir, "summary.json")
+    if not (os.path.exists(path) and os.path.isdir(os.path.join(workdir, MODEL_DIR))):
+        return None
+    with open(path, encoding="utf-8") as file:
+        summary = json.load(file)
+    return summary if summary.get("completed_steps") == step else None

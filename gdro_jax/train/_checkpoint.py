@@ -1,0 +1,539 @@
+"""Checkpoints with orbax: exact resume of a run after a crash, a kill or a preemption.
+
+One checkpoint is one orbax step folder `workdir/checkpoints/<step>/` with three items:
+
+    state  the whole `TrainState` (params, optimizer, controller states, RNG key, step, and any
+           field added later), saved leaf by leaf under its pytree path; typed PRNG keys as
+           their key data
+    data   the grain iterator's position (grain's own orbax handler)
+    meta   JSON: the run's config, the metrics cursor (bytes of `metrics.jsonl` that belong to
+           steps <= this one) and a checksum of every state leaf
+
+Orbax writes a step into `<step>.orbax-checkpoint-tmp` and renames it when every item is on disk,
+so a process killed mid-write leaves the previous checkpoint as the latest complete one (the
+temporary folder is removed when the next manager opens). A step folder that fails to restore
+(missing or truncated files, garbled bytes caught by tensorstore or by the leaf checksums) is
+reported by name and the previous step is tried; once an older step is restored the unusable
+newer ones are moved to `workdir/checkpoints_corrupt/` (kept for inspection, never deleted) so
+the resumed run can write those steps again.
+
+Checksums: orbax does not checksum array bytes, so a garbled byte inside an uncompressed chunk
+would restore silently. Each leaf's bits are summed as uint32 words, plain and weighted by
+position (a Fletcher-style pair), on the device in one jitted pass: exact, independent of the
+reduction order and of the sharding, and cheap next to a training step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
+
+import grain
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+
+from gdro_jax.train._state import TrainState
+
+CHECKPOINT_DIR = "checkpoints"  # inside the workdir
+CORRUPT_DIR = "checkpoints_corrupt"  # unusable step folders are moved here, never deleted
+FORMAT_VERSION = 1
+# Config fields a resumed run may change: they do not change what the steps compute.
+RESUMABLE_FIELDS = (
+    "steps",
+    "progress",
+    "tensorboard",
+    "checkpoint",
+    "eval",
+    "guards",
+    "reward_timeout_s",
+    "math.data_dir",
+    "math.grader_workers",
+    "math.grader_timeout_s",
+)
+
+
+class Checkpoint(NamedTuple):
+    """A restored checkpoint."""
+
+    step: int  # the number of completed RL steps it holds
+    state: TrainState  # placed with the shardings of the template it was restored into
+    meta: dict[str, Any]  # "config", "metrics_bytes", "checksums", "format"
+    path: str  # its step folder
+
+
+class CheckpointError(RuntimeError):
+    """No checkpoint in a folder could be restored."""
+
+
+def checkpoint_options(config: ml_collections.ConfigDict) -> tuple[bool, int, int]:
+    """`(enabled, every_steps, keep)` from `config.checkpoint` (a config without one: disabled).
+
+    Raises:
+      ValueError: `every_steps` or `keep` below 1.
+    """
+    block = config.get("checkpoint")
+    if block is None:
+        return False, 1, 1
+    every_steps, keep = int(block.every_steps), int(block.keep)
+    if every_steps < 1:
+        raise ValueError(f"checkpoint.every_steps must be >= 1, got every_steps={every_steps}")
+    if keep < 1:
+        raise ValueError(f"checkpoint.keep must be >= 1, got keep={keep}")
+    return bool(block.enabled), every_steps, keep
+
+
+def checkpoint_manager(directory: str | os.PathLike, *, keep: int) -> ocp.CheckpointManager:
+    """An orbax manager for `directory` that saves synchronously and keeps the newest `keep`.
+
+    Opening it removes temporary folders left by a save that was killed mid-write.
+    """
+    options = ocp.CheckpointManagerOptions(
+        enable_async_checkpointing=False,
+        cleanup_tmp_directories=True,
+        preservation_policy=ocp.checkpoint_managers.LatestN(keep),
+        create=True,
+    )
+    return ocp.CheckpointManager(os.fspath(directory), options=options)
+
+
+def step_path(manager: ocp.CheckpointManager, step: int) -> str:
+    """The folder of checkpoint `step`."""
+    return os.path.join(os.fspath(manager.directory), str(step))
+
+
+# --- the state as a nested dict of arrays --------------------------------------------------------
+
+
+def _key_name(entry) -> str:
+    for attribute in ("name", "key", "idx"):
+        if hasattr(entry, attribute):
+            return str(getattr(entry, attribute))
+    raise TypeError(f"unsupported pytree path entry {entry!r}")
+
+
+def _named_leaves(tree) -> tuple[list[tuple[tuple[str, ...], Any]], Any]:
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    return [(tuple(_key_name(e) for e in path), leaf) for path, leaf in leaves], treedef
+
+
+def _is_key(leaf) -> bool:
+    return jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+
+
+def _nest(named: Iterable[tuple[tuple[str, ...], Any]]) -> dict[str, Any]:
+    nested: dict[str, Any] = {}
+    for path, value in named:
+        node = nested
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = value
+    return nested
+
+
+def _lookup(nested: Mapping[str, Any], path: tuple[str, ...]):
+    for part in path:
+        nested = nested[part]
+    return nested
+
+
+def _saveable(state: TrainState) -> tuple[list[tuple[tuple[str, ...], jax.Array]], Any]:
+    """Every leaf under its path, PRNG keys replaced by their key data."""
+    named, treedef = _named_leaves(state)
+    return [(p, jax.random.key_data(x) if _is_key(x) else x) for p, x in named], treedef
+
+
+def _abstract_leaf(leaf) -> jax.ShapeDtypeStruct:
+    sharding = getattr(leaf, "sharding", None)
+    if _is_key(leaf):
+        data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(leaf.shape, leaf.dtype))
+        return jax.ShapeDtypeStruct(data.shape, data.dtype, sharding=sharding)
+    return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
+
+
+def abstract_state(state: TrainState) -> TrainState:
+    """`state` with every array replaced by its shape, dtype and sharding (a restore target).
+
+    Keeping only this lets the freshly built arrays be freed before a checkpoint is restored, so
+    a resumed run never holds two copies of the parameters and optimizer state. PRNG keys stay
+    concrete (a few bytes): restoring one needs its implementation.
+    """
+
+    def abstract(leaf):
+        if _is_key(leaf):
+            return leaf
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=leaf.sharding)
+
+    return jax.tree.map(abstract, state)
+
+
+def _path_name(path: tuple[str, ...]) -> str:
+    return "/".join(path)
+
+
+@jax.jit
+def _checksums(leaves: list[jax.Array]) -> jax.Array:
+    """[L, 2] uint32: per leaf, the sum of its bits as words, plain and weighted by position."""
+    rows = []
+    for leaf in leaves:
+        if leaf.dtype == jnp.bool_:
+            words = leaf.astype(jnp.uint32)
+        else:
+            unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[leaf.dtype.itemsize]
+            words = jax.lax.bitcast_convert_type(leaf, unsigned).astype(jnp.uint32)
+        # The linear index without a reshape, so a sharded leaf is never gathered.
+        position = jnp.ones(words.shape, jnp.uint32)
+        stride = 1
+        for axis in reversed(range(words.ndim)):
+            iota = jax.lax.broadcasted_iota(jnp.uint32, words.shape, axis)
+            position = position + iota * jnp.uint32(stride % 2**32)
+            stride *= words.shape[axis]
+        rows.append(jnp.stack([jnp.sum(words), jnp.sum(words * position)]))
+    return jnp.stack(rows) if rows else jnp.zeros((0, 2), jnp.uint32)
+
+
+def state_checksums(state: TrainState) -> dict[str, list[int]]:
+    """`{leaf path: [sum, position-weighted sum]}` of the bits of every state leaf (mod 2^32)."""
+    named, _ = _saveable(state)
+    sums = np.asarray(jax.device_get(_checksums([x for _, x in named])))
+    return {_path_name(p): [int(a), int(b)] for (p, _), (a, b) in zip(named, sums, strict=True)}
+
+
+# --- config --------------------------------------------------------------------------------------
+
+
+def config_dict(config: ml_collections.ConfigDict) -> dict[str, Any]:
+    """The config as JSON values (tuples become lists), as stored in a checkpoint."""
+    return json.loads(config.to_json_best_effort())
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, Mapping):
+        flat: dict[str, Any] = {}
+        for name, value in tree.items():
+            flat.update(_flatten(value, f"{prefix}{name}."))
+        return flat
+    return {prefix[:-1]: tree}
+
+
+def config_differences(saved: Mapping[str, Any], config: ml_collections.ConfigDict) -> list[str]:
+    """Fields (dotted) whose value differs between a saved config and `config`.
+
+    Fields in `RESUMABLE_FIELDS` (and below them) are ignored: a resumed run may change them.
+    """
+    old, new = _flatten(saved), _flatten(config_dict(config))
+
+    def resumable(name: str) -> bool:
+        return any(name == f or name.startswith(f + ".") for f in RESUMABLE_FIELDS)
+
+    return [
+        f"{name}: saved {old.get(name, '<absent>')!r}, now {new.get(name, '<absent>')!r}"
+        for name in sorted(set(old) | set(new))
+        if not resumable(name) and old.get(name, "<absent>") != new.get(name, "<absent>")
+    ]
+
+
+def check_config(saved: Mapping[str, Any], config: ml_collections.ConfigDict, where: str) -> None:
+    """Raises a ValueError naming every field that makes `config` a different run.
+
+    Args:
+      saved: the config stored in a checkpoint (`config_dict` form).
+      config: the config of the run that wants to resume from it.
+      where: the checkpoint's folder, for the message.
+    """
+    differences = config_differences(saved, config)
+    if differences:
+        raise ValueError(
+            f"the checkpoint {where} was written by a run with another config; resuming would mix "
+            f"two runs. Differing fields: {'; '.join(differences)}. Use a new workdir, or the "
+            "saved config (only " + ", ".join(RESUMABLE_FIELDS) + " may change on resume)."
+        )
+
+
+def saved_config(manager: ocp.CheckpointManager) -> tuple[str, dict[str, Any]] | None:
+    """`(step folder, config)` of the newest checkpoint whose meta is readable; None if none."""
+    for step in sorted(manager.all_steps(), reverse=True):
+        try:
+            meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+            return step_path(manager, step), meta["meta"]["config"]
+        except Exception as error:  # noqa: BLE001 (any unreadable meta: try an older step)
+            logging.warning("cannot read the config in %s: %s", step_path(manager, step), error)
+    return None
+
+
+# --- save and restore ----------------------------------------------------------------------------
+
+
+def save_checkpoint(
+    manager: ocp.CheckpointManager,
+    state: TrainState,
+    data_iterator: grain.DatasetIterator,
+    *,
+    config: ml_collections.ConfigDict,
+    metrics_bytes: int,
+) -> str:
+    """Saves `state`, the iterator's position and the run's meta as checkpoint `state.step`.
+
+    Synchronous: when it returns the step folder is complete and renamed into place, and the
+    oldest checkpoints beyond the manager's `keep` are deleted.
+
+    Args:
+      manager: from `checkpoint_manager`.
+      state: the state after `state.step` completed steps (not yet donated to the next update).
+      data_iterator: the prompt-batch iterator, positioned at the next step's batch.
+      config: the run's config (stored to refuse a resume under another config).
+      metrics_bytes: the size of `metrics.jsonl` once the row of `state.step` is written.
+
+    Returns:
+      The step folder.
+    """
+    step = int(state.step)
+    named, _ = _saveable(state)
+    meta = {
+        "format": FORMAT_VERSION,
+        "step": step,
+        "config": config_dict(config),
+        "metrics_bytes": int(metrics_bytes),
+        "checksums": state_checksums(state),
+    }
+    manager.save(
+        step,
+        args=ocp.args.Composite(
+            state=ocp.args.StandardSave(_nest(named)),
+            data=grain.checkpoint.CheckpointSave(data_iterator),
+            meta=ocp.args.JsonSave(meta),
+        ),
+        force=True,
+    )
+    manager.wait_until_finished()
+    return step_path(manager, step)
+
+
+def _restore_step(manager, step: int, template: TrainState, data_iterator) -> Checkpoint:
+    path = step_path(manager, step)
+    named, treedef = _named_leaves(template)
+    target = _nest((p, _abstract_leaf(x)) for p, x in named)
+    restored = manager.restore(
+        step,
+        args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(target),
+            data=grain.checkpoint.CheckpointRestore(data_iterator),
+            meta=ocp.args.JsonRestore(),
+        ),
+    )
+    meta = restored["meta"]
+    if meta.get("format") != FORMAT_VERSION or meta.get("step") != step:
+        raise ValueError(f"meta names format {meta.get('format')} step {meta.get('step')}")
+    leaves = []
+    for path_parts, leaf in named:
+        value = _lookup(restored["state"], path_parts)
+        if _is_key(leaf):
+            value = jax.random.wrap_key_data(value, impl=jax.random.key_impl(leaf))
+        leaves.append(value)
+    state = jax.tree_util.tree_unflatten(treedef, leaves)
+    if int(state.step) != step:
+        raise ValueError(f"the state holds step {int(state.step)}")
+    expected, got = meta["checksums"], state_checksums(state)
+    bad = [name for name in got if expected.get(name) != got[name]]
+    missing = sorted(set(expected) - set(got))
+    if bad or missing:
+        raise ValueError(
+            f"leaf checksums differ for {bad[:5]}{' ...' if len(bad) > 5 else ''}"
+            + (f"; saved leaves this state lacks: {missing[:5]}" if missing else "")
+        )
+    return Checkpoint(step=step, state=state, meta=meta, path=path)
+
+
+def restore_checkpoint(
+    manager: ocp.CheckpointManager, template: TrainState, data_iterator: grain.DatasetIterator
+) -> Checkpoint | None:
+    """Restores the newest usable checkpoint into `template`'s structure and shardings.
+
+    A step folder that fails (unreadable, truncated, garbled, or a state of another structure)
+    is logged as a warning naming it, and the previous step is tried. After a success, the
+    failed newer folders are moved to `checkpoints_corrupt/` next to the checkpoint folder so
+    that the resumed run can save those steps again.
+
+    Args:
+      manager: from `checkpoint_manager`.
+      template: a `TrainState` (arrays or `abstract_state`) of the run being resumed; restored
+        leaves get its shapes, dtypes and shardings, so a resumed run is placed like a new one.
+      data_iterator: the run's prompt-batch iterator; its position is set from the checkpoint.
+
+    Returns:
+      The `Checkpoint`, or None when the folder holds no checkpoint.
+
+    Raises:
+      CheckpointError: checkpoints exist but none can be restored (each folder and its error
+        are named); nothing is moved in that case.
+    """
+    steps = sorted(manager.all_steps(), reverse=True)
+    if not steps:
+        return None
+    failures = []
+    for step in steps:
+        try:
+            checkpoint = _restore_step(manager, step, template, data_iterator)
+        except Exception as error:  # noqa: BLE001 (any failure: report it and try an older step)
+            message = f"{type(error).__name__}: {error}"
+            failures.append((step, message))
+            logging.warning(
+                "checkpoint %s cannot be restored (%s); falling back to the previous checkpoint",
+                step_path(manager, step),
+                message[:2000],
+            )
+            continue
+        if failures:
+            _set_aside(manager, [step for step, _ in failures])
+        return checkpoint
+    raise CheckpointError(
+        f"no checkpoint in {manager.directory} can be restored: "
+        + "; ".join(f"{step_path(manager, s)}: {m[:500]}" for s, m in failures)
+    )
+
+
+def _set_aside(manager: ocp.CheckpointManager, steps: list[int]) -> None:
+    root = os.path.join(os.path.dirname(os.fspath(manager.directory)), CORRUPT_DIR)
+    os.makedirs(root, exist_ok=True)
+    for step in steps:
+        source = step_path(manager, step)
+        target = os.path.join(root, str(step))
+        suffix = 1
+        while os.path.exists(target):
+            target = os.path.join(root, f"{step}.{suffix}")
+            suffix += 1
+        shutil.move(source, target)
+        logging.warning("moved the unusable checkpoint %s to %s", source, target)
+    manager.reload()
+
+
+# --- the metrics cursor --------------------------------------------------------------------------
+
+
+def rewind_metrics(path: str | os.PathLike, step: int, metrics_bytes: int) -> int:
+    """Cuts `metrics.jsonl` back to the rows of steps <= `step` (those after it are redone).
+
+    The first `metrics_bytes` bytes (the checkpoint's cursor) are kept byte for byte when they
+    end with the row of `step`; otherwise (the file was edited) the leading rows with steps <=
+    `step` are kept, with a warning.
+
+    Returns:
+      The number of rows dropped.
+    """
+    if not os.path.exists(path):
+        if step > 0:
+            logging.warning("%s is missing; rows of steps 1-%d are lost", path, step)
+        return 0
+    with open(path, "rb") as file:
+        content = file.read()
+    head = content[:metrics_bytes]
+    lines = head.splitlines()
+    if len(head) == metrics_bytes and (
+        (metrics_bytes == 0 and step == 0)
+        or (head.endswith(b"\n") and lines and _row_step(lines[-1]) == step)
+    ):
+        keep = head
+    else:
+        logging.warning(
+            "%s does not match the checkpoint's cursor (%d bytes up to step %d); keeping its "
+            "leading rows of steps <= %d",
+            path,
+            metrics_bytes,
+            step,
+            step,
+        )
+        kept = []
+        for line in content.splitlines(keepends=True):
+            row_step = _row_step(line)
+            if row_step is None or row_step > step:
+                break
+            kept.append(line)
+        keep = b"".join(kept)
+    dropped = len(content[len(keep) :].splitlines())
+    if len(keep) != len(content):
+        with open(path, "r+b") as file:
+            file.truncate(len(keep))
+    return dropped
+
+
+def _row_step(line: bytes) -> int | None:
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+# --- preemption ----------------------------------------------------------------------------------
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """`train` stopped on SIGTERM or SIGINT after finishing (and checkpointing) the step in flight.
+
+    A `KeyboardInterrupt`, so code that lets Ctrl-C through lets this through too.
+
+    Attributes:
+      step: the completed steps when it stopped.
+      signum: the signal received.
+      path: the checkpoint saved at `step`, or None when checkpoints are disabled.
+    """
+
+    def __init__(self, step: int, signum: int, path: str | None):
+        where = (
+            f"checkpoint saved in {path}; run again with the same workdir to resume"
+            if path
+            else "checkpoints are disabled, so nothing was saved"
+        )
+        super().__init__(
+            f"{signal.Signals(signum).name} received: stopped after step {step}; {where}"
+        )
+        self.step, self.signum, self.path = step, signum, path
+
+
+class StopRequest:
+    """Set by `stop_on_signals`: `signum` is the first stop signal received, else None."""
+
+    def __init__(self):
+        self.signum: int | None = None
+
+
+@contextlib.contextmanager
+def stop_on_signals(signums: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)):
+    """Turns the first SIGTERM/SIGINT into a request to stop after the current step.
+
+    A second signal raises `KeyboardInterrupt` at once. Outside the main thread (where Python
+    cannot install handlers) the request is never set and the signals keep their handlers.
+
+    Yields:
+      A `StopRequest`.
+    """
+    request = StopRequest()
+    if threading.current_thread() is not threading.main_thread():
+        yield request
+        return
+
+    def handler(signum, frame):
+        del frame
+        if request.signum is not None:
+            raise KeyboardInterrupt(f"{signal.Signals(signum).name} received twice")
+        request.signum = signum
+        logging.warning(
+            "%s received: finishing the current step and saving a checkpoint (send it again to "
+            "stop at once)",
+            signal.Signals(signum).name,
+        )
+
+    previous = {signum: signal.signal(signum, handler) for signum in signums}
+    try:
+        yield request
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)
