@@ -1,0 +1,29 @@
+"""The tiny run of the resume tests: 4 prompts x 2 rollouts, 8 new tokens, a 1-layer policy.
+
+Loaded by `--config=tests/train/_resume_config.py` in the subprocesses of `test_resume.py` (and
+in process by `test_checkpoint.py`): 8 steps, a checkpoint every step with the last two kept,
+and the KL term on, so `ref_params` is checkpointed too.
+"""
+
+import ml_collections
+
+from tests.train.configs import tiny_config
+
+
+def get_config() -> ml_collections.ConfigDict:
+    return tiny_config(
+        "grpo",
+        steps=8,
+        num_prompts=4,
+        n_mean=2,
+        max_new_tokens=8,
+        **{
+            "task.pool_size": 16,
+            "model.num_layers": 1,
+            "grpo.kl_coef": 0.05,
+            "rollout_gdro.n_min": 1,
+            "rollout_gdro.n_max": 4,
+            "checkpoint.every_steps": 1,
+            "checkpoint.keep": 2,
+        },
+    )
