@@ -142,7 +142,12 @@ def batch_sharding(mesh, shape: tuple[int, ...]) -> NamedSharding | None:
     return NamedSharding(mesh, spec)
 
 
-def build_run(config: ml_collections.ConfigDict, *, reward_fn: RewardFn | None = None) -> Run:
+def build_run(
+    config: ml_collections.ConfigDict,
+    *,
+    reward_fn: RewardFn | None = None,
+    host_reward_fn: RewardFn | None = None,
+) -> Run:
     """Builds the task, policy, controllers, optimizer and the jitted step functions.
 
     Args:
@@ -152,6 +157,8 @@ def build_run(config: ml_collections.ConfigDict, *, reward_fn: RewardFn | None =
         prompt_of_slot_R) -> (rewards_R, correct_R)` replacing the task's reward. Default: the
         chain task's exact match of the whole worked solution, or the math grader, mapped to
         `config.reward_values`.
+      host_reward_fn: the same signature on numpy arrays, run on the host (e.g. a grader that
+        cannot be jitted), under `config.reward_timeout_s`. At most one of the two.
 
     Returns:
       The `Run`. Call `run.task.close()` when done (it stops the math grader's workers).
@@ -166,13 +173,17 @@ def build_run(config: ml_collections.ConfigDict, *, reward_fn: RewardFn | None =
     else:
         task = math_task(config)
     try:
-        return _assemble(config, task, task_config, splits, reward_fn)
+        return _assemble(config, task, task_config, splits, reward_fn, host_reward_fn)
     except BaseException:
         task.close()
         raise
 
 
-def _assemble(config, task, task_config, splits, reward_fn) -> Run:
+def _assemble(config, task, task_config, splits, reward_fn, host_reward_fn) -> Run:
+    if reward_fn is not None and host_reward_fn is not None:
+        raise ValueError("pass reward_fn (jittable) or host_reward_fn (numpy), not both")
+    if host_reward_fn is not None:
+        task.device_reward, task.host_reward = None, host_reward_fn
     num_dataset_prompts = task.num_prompts
     mesh = _make_mesh(config)
     model = _load_policy(config, mesh)
@@ -220,8 +231,9 @@ def _assemble(config, task, task_config, splits, reward_fn) -> Run:
 
     device_reward = reward_fn if reward_fn is not None else task.device_reward
     task.reward_name = f"of the {task.kind} task"
-    if reward_fn is not None:
-        task.reward_name = "reward_fn (passed to build_run)"
+    if reward_fn is not None or host_reward_fn is not None:
+        kind = "reward_fn" if reward_fn is not None else "host_reward_fn"
+        task.reward_name = f"{kind} (passed to build_run)"
     if device_reward is not None:
 
         @jax.jit
@@ -331,7 +343,13 @@ def run_step(run: Run, state: TrainState, prompt_ids: np.ndarray):
     return state, metrics, times
 
 
-def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict[str, Any]:
+def train(
+    config: ml_collections.ConfigDict,
+    workdir: str | os.PathLike,
+    *,
+    reward_fn: RewardFn | None = None,
+    host_reward_fn: RewardFn | None = None,
+) -> dict[str, Any]:
     """Runs `config.steps` RL steps, logging every step, and saves the final policy.
 
     With `config.checkpoint.enabled` the run resumes by itself: when `workdir/checkpoints/` holds
@@ -347,6 +365,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
       workdir: where `metrics.jsonl`, TensorBoard events (`tb/`), `config.json`,
         `summary.json`, `checkpoints/` and the final policy as an HF folder with its tokenizer
         (`model/`) go.
+      reward_fn, host_reward_fn: a reward replacing the task's (see `build_run`).
 
     Returns:
       A summary dict (the last step's metrics, mean step times, prompts skipped for length)
@@ -357,11 +376,12 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
       TrainingInterrupted: on SIGTERM/SIGINT, after the checkpoint of the step reached is saved.
       CheckpointError: checkpoints exist but none can be restored.
     """
+    validate_config(config)  # a config that cannot work is named before anything is touched
     os.makedirs(workdir, exist_ok=True)
     enabled, every_steps, keep = checkpoint_options(config)
     manager = _open_checkpoints(config, workdir, enabled=enabled, keep=keep)
     try:
-        run = build_run(config)
+        run = build_run(config, reward_fn=reward_fn, host_reward_fn=host_reward_fn)
         try:
             run, resumed = _resume(run, config, manager)
             with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as file:
