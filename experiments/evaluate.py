@@ -11,12 +11,13 @@ make a rerun into the same folder resume where an interrupted run stopped (see
 
 from __future__ import annotations
 
+import logging
 import os
 
 import jax.numpy as jnp
 from absl import app, flags
 
-from gdro_jax import data, models, rewards
+from gdro_jax import data, models, rewards, train
 from gdro_jax import eval as evaluation_lib
 
 _POLICY = flags.DEFINE_string(
@@ -58,11 +59,13 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"
 
 
 def load_policy(path: str | os.PathLike, *, dtype: str = "bfloat16"):
-    """Loads a policy to evaluate: a HuggingFace model folder with its tokenizer.
+    """Loads a policy to evaluate: a HuggingFace model folder, or a training run's checkpoint.
 
     Args:
-      path: a folder holding `config.json`, `*.safetensors` (or an index) and tokenizer files.
-      dtype: parameter dtype ("float32" or "bfloat16").
+      path: a folder holding `config.json`, `*.safetensors` (or an index) and tokenizer files;
+        or a training work directory holding `checkpoints/`, whose newest usable checkpoint is
+        read (the run's config rebuilds the policy and its tokenizer).
+      dtype: parameter dtype ("float32" or "bfloat16") of an HF folder's weights.
 
     Returns:
       `(model, tokenizer)`: a `gdro_jax.models.Decoder` and a transformers tokenizer.
@@ -74,9 +77,17 @@ def load_policy(path: str | os.PathLike, *, dtype: str = "bfloat16"):
     if not os.path.isdir(path):
         raise FileNotFoundError(f"policy={path!r} is not a folder")
     names = set(os.listdir(path))
+    weights = any(name.endswith(".safetensors") or name.endswith(".index.json") for name in names)
+    if not weights and "checkpoints" in names:
+        model, tokenizer, step = train.policy_from_checkpoint(path)
+        logging.info("evaluating %s at checkpoint step %d", path, step)
+        return model, tokenizer
     if "config.json" not in names:
-        raise FileNotFoundError(f"policy={path!r} is not a model folder: it has no config.json")
-    if not any(name.endswith(".safetensors") or name.endswith(".index.json") for name in names):
+        raise FileNotFoundError(
+            f"policy={path!r} is not a model folder (no config.json) nor a training work "
+            "directory (no checkpoints/)"
+        )
+    if not weights:
         raise FileNotFoundError(
             f"policy={path!r} is not a model folder: it has no *.safetensors weights"
         )

@@ -10,6 +10,7 @@ from gdro_jax.train._checkpoint import (
     save_checkpoint,
 )
 from gdro_jax.train._demo import run_demo
+from gdro_jax.train._export import policy_from_checkpoint
 from gdro_jax.train._loop import (
     METHODS,
     Run,
@@ -49,6 +50,7 @@ __all__ = [
     "init_train_state",
     "make_optimizer",
     "make_update",
+    "policy_from_checkpoint",
     "pretrain",
     "pretrain_model",
     "read_metrics",

@@ -1,0 +1,42 @@
+"""A training run's checkpoint as a policy: `policy_from_checkpoint` and `evaluate.load_policy`."""
+
+import shutil
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from experiments import evaluate
+from gdro_jax import tasks, train
+from tests.train.configs import tiny_config
+
+
+def test_the_newest_checkpoint_gives_the_final_policy_and_reads_only(tmp_path):
+    config = tiny_config(
+        steps=2,
+        num_prompts=4,
+        n_mean=2,
+        max_new_tokens=8,
+        **{"task.pool_size": 16, "model.num_layers": 1, "checkpoint.every_steps": 1},
+    )
+    workdir = tmp_path / "run"
+    result = train.train(config, workdir)
+    shutil.rmtree(workdir / "model")  # only the checkpoints remain
+    listing = sorted(p.relative_to(workdir) for p in workdir.rglob("*"))
+
+    model, tokenizer = evaluate.load_policy(workdir)
+    final = nnx.state(nnx.merge(result["run"].graphdef, result["state"].params), nnx.Param)
+    for a, b in zip(
+        jax.tree.leaves(nnx.state(model, nnx.Param)), jax.tree.leaves(final), strict=True
+    ):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    ids = tokenizer.encode("1+2", add_special_tokens=False)
+    assert tokenizer.decode(ids).replace(" ", "") == "1+2"
+    assert len(tokenizer) == tasks.VOCAB_SIZE
+    assert sorted(p.relative_to(workdir) for p in workdir.rglob("*")) == listing
+
+    empty = tmp_path / "empty"
+    (empty / "checkpoints").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match="holds no checkpoint"):
+        train.policy_from_checkpoint(empty)
