@@ -529,7 +529,9 @@ def _open_metrics(workdir, config, resumed: Checkpoint | None) -> MetricsWriter:
     dropped = rewind_metrics(path, resumed.step, resumed.meta["metrics_bytes"])
     if dropped:
         logging.info("dropped %d metrics rows after step %d (redone)", dropped, resumed.step)
-    return MetricsWriter(workdir, tensorboard=config.tensorboard, append=True)
+    return MetricsWriter(
+        workdir, tensorboard=config.tensorboard, append=True, purge_step=resumed.step + 1
+    )
 
 
 def _finished_summary(workdir, step: int) -> dict[str, Any] | None:

@@ -38,10 +38,17 @@ class MetricsWriter:
       tensorboard: also write TensorBoard event files.
       append: keep the rows already in `metrics.jsonl` (a resumed run); False starts the file
         afresh (a new run in the same folder).
+      purge_step: for a resumed run, the first step to be redone: TensorBoard hides events of
+        this step and later that an earlier process wrote, so redone steps are not drawn twice.
     """
 
     def __init__(
-        self, workdir: str | os.PathLike, *, tensorboard: bool = True, append: bool = True
+        self,
+        workdir: str | os.PathLike,
+        *,
+        tensorboard: bool = True,
+        append: bool = True,
+        purge_step: int | None = None,
     ):
         os.makedirs(workdir, exist_ok=True)
         self.path = os.path.join(workdir, "metrics.jsonl")
@@ -51,7 +58,7 @@ class MetricsWriter:
         if tensorboard:
             from tensorboardX import SummaryWriter
 
-            self._tb = SummaryWriter(os.path.join(workdir, "tb"))
+            self._tb = SummaryWriter(os.path.join(workdir, "tb"), purge_step=purge_step)
 
     def write(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
         """Writes one step's metrics; returns them as host values."""

@@ -4,6 +4,7 @@ import glob
 import json
 import math
 import struct
+import time
 
 import numpy as np
 
@@ -58,3 +59,26 @@ def test_a_new_run_starts_the_file_afresh(tmp_path):
         writer.write(1, {"reward": 3.0})
     rows = train.read_metrics(tmp_path / "metrics.jsonl")
     assert [(row["step"], row["reward"]) for row in rows] == [(1, 3.0)]
+
+
+def test_a_resumed_writer_marks_redone_steps_for_tensorboard(tmp_path):
+    from tensorboardX.proto import event_pb2
+
+    with train.MetricsWriter(tmp_path) as writer:
+        for step in (1, 2, 3):
+            writer.write(step, {"reward": float(step)})
+    time.sleep(1.1)  # event files are named by the second; a resume comes later than this
+    with train.MetricsWriter(tmp_path, purge_step=3) as writer:
+        writer.write(3, {"reward": 30.0})
+    files = sorted(glob.glob(str(tmp_path / "tb" / "events.out.tfevents.*")))
+    assert len(files) == 2
+    starts = []
+    with open(files[-1], "rb") as file:  # the resumed writer's file (names sort by time)
+        while header := file.read(12):
+            (length,) = struct.unpack("<Q", header[:8])
+            event = event_pb2.Event.FromString(file.read(length))
+            file.read(4)
+            if event.HasField("session_log"):
+                starts.append((event.step, event.session_log.status))
+    # TensorBoard drops earlier events from this step on when it meets a START at that step.
+    assert starts == [(3, event_pb2.SessionLog.START)]
