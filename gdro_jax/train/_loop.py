@@ -1,9 +1,11 @@
-"""The RL training loop on the chain task: GRPO, Prompt-GDRO, Rollout-GDRO, or both.
+"""The RL training loop: GRPO, Prompt-GDRO, Rollout-GDRO, or both, on the chain or math task.
 
-`build_run(config)` assembles everything a run needs (task pool, policy on its mesh, controllers,
-optimizer, jitted plan/rollout/update); `run_step` performs one step and times its phases;
-`train(config, workdir)` loops with a progress bar, writes metrics, and evaluates at the end.
-Library code never reads flags: `experiments/train.py` passes the config in.
+`build_run(config)` assembles everything a run needs (task pool and reward, policy on its mesh,
+controllers, optimizer, jitted plan/rollout/reward/update) after `validate_config` has checked the
+config; `run_step` performs one step, times its phases and applies the guards; `train(config,
+workdir)` loops with a progress bar, writes metrics, checkpoints with orbax and resumes exactly
+from the newest usable checkpoint, and saves the final policy. Library code never reads flags:
+`experiments/train.py` passes the config in.
 """
 
 from __future__ import annotations
