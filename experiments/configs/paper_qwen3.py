@@ -24,6 +24,7 @@ import dataclasses
 
 import ml_collections
 
+from experiments.configs import controller_defaults
 from gdro_jax import models
 
 SIZES = {"1p7b": "qwen3_1p7b", "4b": "qwen3_4b", "8b": "qwen3_8b"}
@@ -91,18 +92,9 @@ def paper_config(size: str) -> ml_collections.ConfigDict:
             temperature=1.0,
         )
     )
-    # Steps with a non-finite loss or gradient are skipped; this many in a row stop the run.
-    config.guards = ml_collections.ConfigDict(dict(max_consecutive_skips=3))
+    config.guards = controller_defaults.guards()
     config.reward_timeout_s = 0.0  # host rewards: seconds before a hung call stops the run
-    config.classifier = ml_collections.ConfigDict(
-        dict(window=8, statistic="pass_at_k", k=8, hysteresis=0.0, unseen="hardest")
-    )
-    config.prompt_gdro = ml_collections.ConfigDict(
-        dict(eta=0.65, gamma=0.01, ema=0.12, share_normalize=True, max_weight=15.0)
-    )
-    config.rollout_gdro = ml_collections.ConfigDict(
-        dict(n_min=2, n_max=12, proxy="bernoulli", ema=0.12, mode="sqrt")
-    )
+    config.update(controller_defaults.controllers())  # the paper's defaults (SPEC 3-5)
     config.eval = ml_collections.ConfigDict(
         dict(
             benchmarks=BENCHMARKS,
