@@ -95,7 +95,8 @@ def checkpoint_options(config: ml_collections.ConfigDict) -> tuple[bool, int, in
 def checkpoint_manager(directory: str | os.PathLike, *, keep: int) -> ocp.CheckpointManager:
     """An orbax manager for `directory` that saves synchronously and keeps the newest `keep`.
 
-    Opening it removes temporary folders left by a save that was killed mid-write.
+    Opening it removes temporary folders left by a save that was killed mid-write. A relative
+    `directory` is taken from the current directory (orbax needs absolute paths).
     """
     options = ocp.CheckpointManagerOptions(
         enable_async_checkpointing=False,
@@ -103,7 +104,7 @@ def checkpoint_manager(directory: str | os.PathLike, *, keep: int) -> ocp.Checkp
         preservation_policy=ocp.checkpoint_managers.LatestN(keep),
         create=True,
     )
-    return ocp.CheckpointManager(os.fspath(directory), options=options)
+    return ocp.CheckpointManager(os.path.abspath(os.fspath(directory)), options=options)
 
 
 def step_path(manager: ocp.CheckpointManager, step: int) -> str:

@@ -40,3 +40,20 @@ def test_the_newest_checkpoint_gives_the_final_policy_and_reads_only(tmp_path):
     (empty / "checkpoints").mkdir(parents=True)
     with pytest.raises(FileNotFoundError, match="holds no checkpoint"):
         train.policy_from_checkpoint(empty)
+
+
+def test_a_relative_workdir_checkpoints_and_resumes(tmp_path, monkeypatch):
+    # `make demo` passes runs/demo: orbax wants absolute paths, the trainer must not care.
+    monkeypatch.chdir(tmp_path)
+    config = tiny_config(
+        steps=1,
+        num_prompts=4,
+        n_mean=2,
+        max_new_tokens=8,
+        **{"task.pool_size": 16, "model.num_layers": 1, "checkpoint.every_steps": 1},
+    )
+    first = train.train(config, "runs/relative")
+    assert (tmp_path / "runs/relative/checkpoints/1").is_dir()
+    config.steps = 2
+    second = train.train(config, "runs/relative")
+    assert second["completed_steps"] == 2 and first["completed_steps"] == 1
