@@ -92,17 +92,21 @@ def checkpoint_options(config: ml_collections.ConfigDict) -> tuple[bool, int, in
     return bool(block.enabled), every_steps, keep
 
 
-def checkpoint_manager(directory: str | os.PathLike, *, keep: int) -> ocp.CheckpointManager:
+def checkpoint_manager(
+    directory: str | os.PathLike, *, keep: int, read_only: bool = False
+) -> ocp.CheckpointManager:
     """An orbax manager for `directory` that saves synchronously and keeps the newest `keep`.
 
-    Opening it removes temporary folders left by a save that was killed mid-write. A relative
-    `directory` is taken from the current directory (orbax needs absolute paths).
+    Opening it removes temporary folders left by a save that was killed mid-write, unless
+    `read_only` (evaluating a run that may be saving at this moment). A relative `directory` is
+    taken from the current directory (orbax needs absolute paths).
     """
     options = ocp.CheckpointManagerOptions(
         enable_async_checkpointing=False,
-        cleanup_tmp_directories=True,
+        cleanup_tmp_directories=not read_only,
         preservation_policy=ocp.checkpoint_managers.LatestN(keep),
-        create=True,
+        create=not read_only,
+        read_only=read_only,
     )
     return ocp.CheckpointManager(os.path.abspath(os.fspath(directory)), options=options)
 
@@ -355,7 +359,11 @@ def _restore_step(manager, step: int, template: TrainState, data_iterator) -> Ch
 
 
 def restore_checkpoint(
-    manager: ocp.CheckpointManager, template: TrainState, data_iterator: grain.DatasetIterator
+    manager: ocp.CheckpointManager,
+    template: TrainState,
+    data_iterator: grain.DatasetIterator,
+    *,
+    set_aside: bool = True,
 ) -> Checkpoint | None:
     """Restores the newest usable checkpoint into `template`'s structure and shardings.
 
@@ -369,6 +377,8 @@ def restore_checkpoint(
       template: a `TrainState` (arrays or `abstract_state`) of the run being resumed; restored
         leaves get its shapes, dtypes and shardings, so a resumed run is placed like a new one.
       data_iterator: the run's prompt-batch iterator; its position is set from the checkpoint.
+      set_aside: move the failed newer folders away after a success (a resume saves those
+        steps again); False only reads (evaluation, export).
 
     Returns:
       The `Checkpoint`, or None when the folder holds no checkpoint.
@@ -393,7 +403,7 @@ def restore_checkpoint(
                 message[:2000],
             )
             continue
-        if failures:
+        if failures and set_aside:
             _set_aside(manager, [step for step, _ in failures])
         return checkpoint
     raise CheckpointError(

@@ -86,10 +86,8 @@ def sample_rollouts(
     max_new_tokens: int,
     temperature: float,
     eos_ids: tuple[int, ...],
-    reward_fn: Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
-    | None = None,
 ) -> Rollouts:
-    """Samples `R = len(plan.prompt_of_slot)` completions and, given `reward_fn`, scores them.
+    """Samples `R = len(plan.prompt_of_slot)` completions; rewards are scored afterwards.
 
     Args:
       graphdef: the policy's static graph.
@@ -101,12 +99,10 @@ def sample_rollouts(
       max_new_tokens: M.
       temperature: sampling temperature.
       eos_ids: stop ids.
-      reward_fn: `(completion_tokens_RM, completion_lengths_R, prompt_of_slot_R) -> (rewards_R,
-        correct_R)`, jittable; None leaves rewards 0 and correct False (scored later, e.g. by a
-        host grader, with `Rollouts._replace`).
 
     Returns:
-      The `Rollouts`.
+      The `Rollouts` with rewards 0 and correct False: the run's reward phase fills them in
+      (`Rollouts._replace`), on the device or on the host.
     """
     model = nnx.merge(graphdef, params)
     result = generate(
@@ -119,19 +115,15 @@ def sample_rollouts(
         temperature=temperature,
         eos_ids=eos_ids,
     )
-    if reward_fn is None:
-        num_slots = result.lengths.shape[0]
-        rewards, correct = jnp.zeros((num_slots,), jnp.float32), jnp.zeros((num_slots,), bool)
-    else:
-        rewards, correct = reward_fn(result.tokens, result.lengths, plan.prompt_of_slot)
+    num_slots = result.lengths.shape[0]
     return Rollouts(
         prompt_tokens=result.prompt_tokens,
         prompt_lengths=result.prompt_lengths,
         tokens=result.tokens,
         lengths=result.lengths,
         logprobs=result.logprobs,
-        rewards=jnp.asarray(rewards, jnp.float32),
-        correct=jnp.asarray(correct, bool),
+        rewards=jnp.zeros((num_slots,), jnp.float32),
+        correct=jnp.zeros((num_slots,), bool),
     )
 
 
