@@ -16,7 +16,6 @@ import pathlib
 import time
 from typing import Any
 
-import jax
 import matplotlib
 import ml_collections
 import numpy as np
@@ -26,27 +25,12 @@ from gdro_jax import eval as evaluation
 from gdro_jax import models, tasks
 from gdro_jax.train._loop import train
 from gdro_jax.train._metrics import read_metrics
-from gdro_jax.train._pretrain import pretrain
+from gdro_jax.train._pretrain import evaluate_with, pretrain
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 BASELINE = "warm_start"
-
-
-def _evaluate(model, task_config, rows, eval_config, progress):
-    return evaluation.evaluate_task(
-        model,
-        rows,
-        task_config,
-        key=jax.random.key(eval_config.seed),
-        num_samples=eval_config.num_samples,
-        temperature=eval_config.temperature,
-        top_p=eval_config.top_p,
-        top_k=eval_config.top_k,
-        batch_size=eval_config.batch_size,
-        progress=progress,
-    )
 
 
 def format_comparison(results: dict[str, evaluation.TaskEvaluation], ks=(1, 8)) -> str:
@@ -158,7 +142,7 @@ def run_demo(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> 
     # The warm start's own row: the same evaluation before any RL.
     start = time.perf_counter()
     warm = models.from_pretrained(model_dir)
-    results[BASELINE] = _evaluate(warm, task_config, test_rows, config.eval, config.progress)
+    results[BASELINE] = evaluate_with(warm, task_config, test_rows, config.eval, config.progress)
     seconds[f"eval/{BASELINE}"] = time.perf_counter() - start
 
     for method in methods:
@@ -171,7 +155,7 @@ def run_demo(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> 
         seconds[f"train/{method}"] = time.perf_counter() - start
         start = time.perf_counter()
         policy = nnx.merge(out["run"].graphdef, out["state"].params)
-        result = _evaluate(policy, task_config, test_rows, config.eval, config.progress)
+        result = evaluate_with(policy, task_config, test_rows, config.eval, config.progress)
         seconds[f"eval/{method}"] = time.perf_counter() - start
         (workdir / method / "eval.json").write_text(json.dumps(result.to_dict(), indent=2))
         results[method] = result

@@ -289,6 +289,23 @@ def _read_json(path: pathlib.Path) -> dict | None:
         return None
 
 
+def evaluate_with(model, task_config, rows, eval_config, progress: bool):
+    """`evaluation.evaluate_task` with the sampling settings of an `eval` config block
+    (`seed`, `num_samples`, `temperature`, `top_p`, `top_k`, `batch_size`)."""
+    return evaluation.evaluate_task(
+        model,
+        rows,
+        task_config,
+        key=jax.random.key(eval_config.seed),
+        num_samples=eval_config.num_samples,
+        temperature=eval_config.temperature,
+        top_p=eval_config.top_p,
+        top_k=eval_config.top_k,
+        batch_size=eval_config.batch_size,
+        progress=progress,
+    )
+
+
 def pretrain(
     config: ml_collections.ConfigDict,
     workdir: str | os.PathLike,
@@ -337,17 +354,8 @@ def pretrain(
     eval_start, eval_cpu_start = time.perf_counter(), time.process_time()
     task = task_config(config)
     ev = config.eval
-    result = evaluation.evaluate_task(
-        trained.model,
-        tasks.build_splits(task).validation,
-        task,
-        key=jax.random.key(ev.seed),
-        num_samples=ev.num_samples,
-        temperature=ev.temperature,
-        top_p=ev.top_p,
-        top_k=ev.top_k,
-        batch_size=ev.batch_size,
-        progress=config.progress,
+    result = evaluate_with(
+        trained.model, task, tasks.build_splits(task).validation, ev, config.progress
     )
     eval_seconds = time.perf_counter() - eval_start
     eval_cpu_seconds = time.process_time() - eval_cpu_start

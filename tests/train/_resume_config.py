@@ -7,19 +7,14 @@ and the KL term on, so `ref_params` is checkpointed too.
 
 import ml_collections
 
-from tests.train.configs import tiny_config
+from tests.train.configs import small_run_config
 
 
 def get_config() -> ml_collections.ConfigDict:
-    return tiny_config(
+    return small_run_config(
         "grpo",
         steps=8,
-        num_prompts=4,
-        n_mean=2,
-        max_new_tokens=8,
         **{
-            "task.pool_size": 16,
-            "model.num_layers": 1,
             "grpo.kl_coef": 0.05,
             "rollout_gdro.n_min": 1,
             "rollout_gdro.n_max": 4,

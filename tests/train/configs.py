@@ -20,3 +20,18 @@ def tiny_config(method="grpo", **overrides):
             target = target[part]
         target[last] = value
     return config
+
+
+SMALL_RUN = {
+    "num_prompts": 4,
+    "n_mean": 2,
+    "max_new_tokens": 8,
+    "task.pool_size": 16,
+    "model.num_layers": 1,
+}
+
+
+def small_run_config(method="grpo", **overrides):
+    """`tiny_config` cut to 4 prompts x 2 rollouts of 8 tokens, a 16-problem pool and one layer:
+    the runs of the checkpoint, resume, guard and bad-input tests."""
+    return tiny_config(method, **{**SMALL_RUN, **overrides})

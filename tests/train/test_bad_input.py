@@ -19,25 +19,13 @@ import pytest
 from experiments.configs import paper_qwen3_1p7b
 from gdro_jax import data, models, train
 from gdro_jax.train._guards import RewardError
-from tests.train.configs import tiny_config
+from tests.train.configs import small_run_config
 
 DAPO_FILE = "dapo_math_17k_en_dedup.jsonl"
 
 
 def _config(steps=2):
-    return tiny_config(
-        "grpo",
-        steps=steps,
-        num_prompts=4,
-        n_mean=2,
-        max_new_tokens=8,
-        **{
-            "task.pool_size": 16,
-            "model.num_layers": 1,
-            "checkpoint.every_steps": 1,
-            "checkpoint.keep": 3,
-        },
-    )
+    return small_run_config(steps=steps, **{"checkpoint.every_steps": 1, "checkpoint.keep": 3})
 
 
 def _snapshot(folder: pathlib.Path) -> dict[str, bytes]:

@@ -9,17 +9,11 @@ from flax import nnx
 
 from experiments import evaluate
 from gdro_jax import tasks, train
-from tests.train.configs import tiny_config
+from tests.train.configs import small_run_config
 
 
 def test_the_newest_checkpoint_gives_the_final_policy_and_reads_only(tmp_path):
-    config = tiny_config(
-        steps=2,
-        num_prompts=4,
-        n_mean=2,
-        max_new_tokens=8,
-        **{"task.pool_size": 16, "model.num_layers": 1, "checkpoint.every_steps": 1},
-    )
+    config = small_run_config(steps=2, **{"checkpoint.every_steps": 1})
     workdir = tmp_path / "run"
     result = train.train(config, workdir)
     shutil.rmtree(workdir / "model")  # only the checkpoints remain
@@ -45,13 +39,7 @@ def test_the_newest_checkpoint_gives_the_final_policy_and_reads_only(tmp_path):
 def test_a_relative_workdir_checkpoints_and_resumes(tmp_path, monkeypatch):
     # `make demo` passes runs/demo: orbax wants absolute paths, the trainer must not care.
     monkeypatch.chdir(tmp_path)
-    config = tiny_config(
-        steps=1,
-        num_prompts=4,
-        n_mean=2,
-        max_new_tokens=8,
-        **{"task.pool_size": 16, "model.num_layers": 1, "checkpoint.every_steps": 1},
-    )
+    config = small_run_config(steps=1, **{"checkpoint.every_steps": 1})
     first = train.train(config, "runs/relative")
     assert (tmp_path / "runs/relative/checkpoints/1").is_dir()
     config.steps = 2

@@ -15,12 +15,11 @@ from gdro_jax.train._guards import (
     check_model_fits,
     validate_config,
 )
-from tests.train.configs import tiny_config
+from tests.train.configs import small_run_config
 
 
 def _config(method="grpo", **overrides):
-    sizes = {"num_prompts": 4, "n_mean": 2, "max_new_tokens": 8, "task.pool_size": 32}
-    return tiny_config(method, **{**sizes, "model.num_layers": 1, **overrides})
+    return small_run_config(method, **{"task.pool_size": 32, **overrides})
 
 
 @pytest.mark.parametrize(
