@@ -94,11 +94,11 @@ def _jax_steps(num_prompts):
     rollout = controllers.rollout_gdro(NUM_BINS, n_min=N_MIN, n_max=N_MAX, n_mean=N_MEAN)
 
     def classifier_step(state, ids, num_correct, num_rollouts):
-        state = classifier.update(state, ids, num_correct, num_rollouts)
+        state = classifier.update(state, ids, num_correct=num_correct, num_rollouts=num_rollouts)
         return state, classifier.bins(state, ids)
 
     def prompt_step(state, bins, losses):
-        state = prompt.update(state, bins, losses)
+        state = prompt.update(state, bins, losses=losses)
         return state, prompt.weights(state, bins)
 
     def rollout_step(state, bins, p_hat, key):
@@ -186,7 +186,9 @@ def run_classifier_in_scan(num_steps: int = 100) -> list[tuple[int, str, float]]
         ids_TN = jnp.asarray(rng.integers(0, id_range, (num_steps, BATCH)), jnp.int32)
 
         def body(state, ids, classifier=classifier):
-            state = classifier.update(state, ids, num_correct, num_rollouts)
+            state = classifier.update(
+                state, ids, num_correct=num_correct, num_rollouts=num_rollouts
+            )
             return state, classifier.bins(state, ids)
 
         scan = jax.jit(lambda s, ids, body=body: jax.lax.scan(body, s, ids), donate_argnums=0)

@@ -7,40 +7,57 @@ and replicated leaves of a sharded train state.
 - `passk_classifier`: the online difficulty classifier (prompts into pass@k bins).
 - `prompt_gdro`: the data adversary (exponential weights over bins, advantage multipliers).
 - `rollout_gdro`: the compute adversary (rollouts per prompt under a fixed total).
-- `multi_adversary`: threads all three through one plan/update pair.
+- `multi_adversary`: threads all three through one plan/update pair; `METHODS` names the four
+  combinations (GRPO, Prompt-GDRO, Rollout-GDRO, both).
+
+Observations are keyword-only everywhere (`num_correct=`, `num_rollouts=`, `losses=`), typed
+by the `...Update` Protocols, as optax types `GradientTransformation`.
 """
 
 from gdro_jax.controllers._compose import (
+    METHODS,
+    AdversaryUpdate,
     GDROState,
     MultiAdversary,
     Plan,
+    method_adversaries,
     multi_adversary,
     slots_from_counts,
 )
 from gdro_jax.controllers._passk import (
     DEFAULT_EDGES,
     STATISTICS,
+    ClassifierUpdate,
     PassKClassifier,
     PassKState,
     passk_classifier,
     per_visit_statistic,
 )
-from gdro_jax.controllers._prompt_gdro import PromptGDRO, PromptGDROState, prompt_gdro
+from gdro_jax.controllers._prompt_gdro import (
+    PromptGDRO,
+    PromptGDROState,
+    PromptGDROUpdate,
+    PromptGDROWeights,
+    prompt_gdro,
+)
 from gdro_jax.controllers._rollout_gdro import (
     AllocationInfo,
     RolloutGDRO,
     RolloutGDROState,
+    RolloutGDROUpdate,
     arms_allocation,
     continuous_allocation,
     integer_allocation,
     rollout_gdro,
 )
-from gdro_jax.controllers._segments import segment_mean
 
 __all__ = [
     "DEFAULT_EDGES",
+    "METHODS",
     "STATISTICS",
+    "AdversaryUpdate",
     "AllocationInfo",
+    "ClassifierUpdate",
     "GDROState",
     "MultiAdversary",
     "PassKClassifier",
@@ -48,16 +65,19 @@ __all__ = [
     "Plan",
     "PromptGDRO",
     "PromptGDROState",
+    "PromptGDROUpdate",
+    "PromptGDROWeights",
     "RolloutGDRO",
     "RolloutGDROState",
+    "RolloutGDROUpdate",
     "arms_allocation",
     "continuous_allocation",
     "integer_allocation",
+    "method_adversaries",
     "multi_adversary",
     "passk_classifier",
     "per_visit_statistic",
     "prompt_gdro",
     "rollout_gdro",
-    "segment_mean",
     "slots_from_counts",
 ]

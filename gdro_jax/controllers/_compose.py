@@ -14,8 +14,8 @@ Either adversary may be left out (`None`): then advantages are unweighted and/or
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import NamedTuple
+from collections.abc import Callable, Mapping
+from typing import NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -45,12 +45,43 @@ class Plan(NamedTuple):
     mu: jax.Array  # [] float32 Rollout-GDRO shadow price (0 when off)
 
 
+# The methods of the paper: which adversaries each switches on, as (Prompt-GDRO, Rollout-GDRO).
+METHODS: Mapping[str, tuple[bool, bool]] = {
+    "grpo": (False, False),
+    "prompt_gdro": (True, False),
+    "rollout_gdro": (False, True),
+    "gdro_both": (True, True),
+}
+
+
+def method_adversaries(method: str) -> tuple[bool, bool]:
+    """`(prompt_gdro_on, rollout_gdro_on)` of one of `METHODS`; a ValueError names the others."""
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {tuple(METHODS)}, got method={method!r}")
+    return METHODS[method]
+
+
+class AdversaryUpdate(Protocol):
+    """`update(state, plan, prompt_ids, *, num_correct, losses, valid=None) -> GDROState`."""
+
+    def __call__(
+        self,
+        state: GDROState,
+        plan: Plan,
+        prompt_ids: ArrayLike,
+        *,
+        num_correct: ArrayLike,
+        losses: ArrayLike,
+        valid: ArrayLike | None = None,
+    ) -> GDROState: ...
+
+
 class MultiAdversary(NamedTuple):
     """Pure functions over a `GDROState` (see `multi_adversary`)."""
 
     init: Callable[[], GDROState]
-    plan: Callable[..., Plan]
-    update: Callable[..., GDROState]
+    plan: Callable[[GDROState, ArrayLike, jax.Array], Plan]  # (state, prompt_ids, key) -> Plan
+    update: AdversaryUpdate
     n_mean: int
 
 
@@ -145,11 +176,15 @@ def multi_adversary(
         valid: ArrayLike | None = None,
     ) -> GDROState:
         classifier_state = classifier.update(
-            state.classifier, prompt_ids, num_correct, plan.num_rollouts, valid=valid
+            state.classifier,
+            prompt_ids,
+            num_correct=num_correct,
+            num_rollouts=plan.num_rollouts,
+            valid=valid,
         )
         prompt_state = state.prompt
         if prompt is not None:
-            prompt_state = prompt.update(state.prompt, plan.bins, losses, valid=valid)
+            prompt_state = prompt.update(state.prompt, plan.bins, losses=losses, valid=valid)
         rollout_state = state.rollout
         if rollout is not None:
             rollout_state = rollout.update(

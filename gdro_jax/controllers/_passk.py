@@ -19,7 +19,7 @@ References:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import chex
 import jax
@@ -43,13 +43,30 @@ class PassKState(NamedTuple):
     last_bin: jax.Array  # [D] int32 bin assigned at the last visit, -1 for never seen
 
 
+class ClassifierUpdate(Protocol):
+    """`update(state, prompt_ids, *, num_correct, num_rollouts, valid=None) -> PassKState`.
+
+    Observations are keyword-only, so a missing or misplaced signal fails loudly.
+    """
+
+    def __call__(
+        self,
+        state: PassKState,
+        prompt_ids: ArrayLike,
+        *,
+        num_correct: ArrayLike,
+        num_rollouts: ArrayLike,
+        valid: ArrayLike | None = None,
+    ) -> PassKState: ...
+
+
 class PassKClassifier(NamedTuple):
     """Pure functions of the online difficulty classifier (see `passk_classifier`)."""
 
     init: Callable[[], PassKState]
-    bins: Callable[..., jax.Array]
-    p_hat: Callable[..., jax.Array]
-    update: Callable[..., PassKState]
+    bins: Callable[[PassKState, ArrayLike], jax.Array]  # (state, prompt_ids) -> [N] int32
+    p_hat: Callable[[PassKState, ArrayLike], jax.Array]  # (state, prompt_ids) -> [N] float32
+    update: ClassifierUpdate
     num_bins: int
     edges: tuple[float, ...]
 
@@ -255,9 +272,9 @@ def passk_classifier(
     def update(
         state: PassKState,
         prompt_ids: ArrayLike,
+        *,
         num_correct: ArrayLike,
         num_rollouts: ArrayLike,
-        *,
         valid: ArrayLike | None = None,
     ) -> PassKState:
         ids_N, in_range_N, _ = as_ids(prompt_ids)

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-from gdro_jax.controllers._segments import segment_mean
+from gdro_jax.losses import segment_mean
 
 # Per-prompt losses are clipped to this magnitude before averaging, so that segment sums over a
 # batch cannot overflow float32 (a batch of 1e5 prompts at 1e30 sums to 1e35 < 3.4e38).
@@ -43,13 +43,40 @@ class PromptGDROState(NamedTuple):
     step: jax.Array  # [] int32 number of updates applied
 
 
+class PromptGDROUpdate(Protocol):
+    """`update(state, bins, *, losses, importance=None, valid=None) -> PromptGDROState`."""
+
+    def __call__(
+        self,
+        state: PromptGDROState,
+        bins: ArrayLike,
+        *,
+        losses: ArrayLike,
+        importance: ArrayLike | None = None,
+        valid: ArrayLike | None = None,
+    ) -> PromptGDROState: ...
+
+
+class PromptGDROWeights(Protocol):
+    """`weights(state, bins, *, num_rollouts=None, valid=None) -> [N] float32` multipliers."""
+
+    def __call__(
+        self,
+        state: PromptGDROState,
+        bins: ArrayLike,
+        *,
+        num_rollouts: ArrayLike | None = None,
+        valid: ArrayLike | None = None,
+    ) -> jax.Array: ...
+
+
 class PromptGDRO(NamedTuple):
     """Pure functions of the Prompt-GDRO adversary (see `prompt_gdro`)."""
 
     init: Callable[[], PromptGDROState]
-    distribution: Callable[..., jax.Array]
-    weights: Callable[..., jax.Array]
-    update: Callable[..., PromptGDROState]
+    distribution: Callable[[PromptGDROState, ArrayLike], jax.Array]  # (state, present_B) -> q_B
+    weights: PromptGDROWeights
+    update: PromptGDROUpdate
     bin_losses: Callable[..., tuple[jax.Array, jax.Array]]
     num_bins: int
 
@@ -182,8 +209,8 @@ def prompt_gdro(
     def update(
         state: PromptGDROState,
         bins: ArrayLike,
-        losses: ArrayLike,
         *,
+        losses: ArrayLike,
         importance: ArrayLike | None = None,
         valid: ArrayLike | None = None,
     ) -> PromptGDROState:

@@ -23,12 +23,12 @@ References:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
 
-from gdro_jax.controllers._segments import segment_mean
+from gdro_jax.losses import segment_mean
 
 # Variances below _TINY count as zero and above _HUGE are capped, so every gain, square root and
 # log stays a finite float32.
@@ -62,12 +62,30 @@ class AllocationInfo(NamedTuple):
     objective: jax.Array  # [] float32 the variance proxy sum_i v_i / n_i of this allocation
 
 
+class RolloutGDROUpdate(Protocol):
+    """``update(state, bins, *, p_hat=None, losses=None, num_correct=None, num_rollouts=None,
+    valid=None) -> RolloutGDROState``; which observations are needed depends on the proxy."""
+
+    def __call__(
+        self,
+        state: RolloutGDROState,
+        bins: jax.typing.ArrayLike,
+        *,
+        p_hat: jax.typing.ArrayLike | None = None,
+        losses: jax.typing.ArrayLike | None = None,
+        num_correct: jax.typing.ArrayLike | None = None,
+        num_rollouts: jax.typing.ArrayLike | None = None,
+        valid: jax.typing.ArrayLike | None = None,
+    ) -> RolloutGDROState: ...
+
+
 class RolloutGDRO(NamedTuple):
     """Rollout-GDRO as pure functions; build it with :func:`rollout_gdro`."""
 
     init: Callable[[], RolloutGDROState]
+    # (state, bins, p_hat=None, key=None) -> (n_N int32, AllocationInfo)
     allocate: Callable[..., tuple[jax.Array, AllocationInfo]]
-    update: Callable[..., RolloutGDROState]
+    update: RolloutGDROUpdate
     num_bins: int
     n_min: int
     n_max: int

@@ -11,6 +11,7 @@ group statistics are segment reductions.
 - `clipped_surrogate`, `k3_kl`: per-token clipped surrogate (clip-higher) and k3 KL estimate.
 - `aggregate`: the three loss aggregations (`AGGREGATIONS`).
 - `policy_loss`: the mini-batch loss with its metrics.
+- `segment_mean`: the weighted mean per segment (group or bin), shared with the controllers.
 - `prompt_loss_signal`: Prompt-GDRO's per-prompt loss signals (`SIGNALS`).
 """
 
@@ -23,6 +24,7 @@ from gdro_jax.losses._advantages import (
 )
 from gdro_jax.losses._aggregation import AGGREGATIONS, aggregate
 from gdro_jax.losses._policy_loss import policy_loss
+from gdro_jax.losses._segments import segment_mean
 from gdro_jax.losses._signals import SIGNALS, prompt_loss_signal
 from gdro_jax.losses._surrogate import SurrogateStats, clipped_surrogate, k3_kl
 
@@ -38,6 +40,7 @@ __all__ = [
     "informative_fraction",
     "k3_kl",
     "policy_loss",
+    "segment_mean",
     "prompt_loss_signal",
     "weighted_advantages",
 ]

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
+from gdro_jax.losses._segments import segment_mean
 from gdro_jax.losses._validation import check_at_least, check_positive
 
 
@@ -58,15 +59,6 @@ def _slot_inputs(
     return values_R, prompt_of_slot_R, valid_R
 
 
-def segment_mean(
-    values_R: jax.Array, weights_R: jax.Array, prompt_of_slot_R: jax.Array, num_prompts: int
-) -> tuple[jax.Array, jax.Array]:
-    """`(sum_j w_j v_j / max(sum_j w_j, 1), sum_j w_j)` per prompt, by segment sums."""
-    total_N = jax.ops.segment_sum(weights_R * values_R, prompt_of_slot_R, num_segments=num_prompts)
-    weight_N = jax.ops.segment_sum(weights_R, prompt_of_slot_R, num_segments=num_prompts)
-    return total_N / jnp.maximum(weight_N, 1.0), weight_N
-
-
 def group_statistics(
     rewards_R: ArrayLike,
     prompt_of_slot_R: ArrayLike,
@@ -91,10 +83,10 @@ def group_statistics(
     """
     rewards_R, prompt_of_slot_R, valid_R = _slot_inputs(rewards_R, prompt_of_slot_R, valid_R)
     weights_R = valid_R.astype(jnp.float32)
-    mean_N, count_N = segment_mean(rewards_R, weights_R, prompt_of_slot_R, num_prompts)
+    mean_N, count_N = segment_mean(rewards_R, prompt_of_slot_R, weights_R, num_prompts)
     # Two-pass (centred) variance: sum(r^2)/n - mean^2 cancels catastrophically in float32.
     centred_R = rewards_R - mean_N[prompt_of_slot_R]
-    var_N, _ = segment_mean(centred_R**2, weights_R, prompt_of_slot_R, num_prompts)
+    var_N, _ = segment_mean(centred_R**2, prompt_of_slot_R, weights_R, num_prompts)
     max_N = jax.ops.segment_max(
         jnp.where(valid_R, rewards_R, -jnp.inf), prompt_of_slot_R, num_segments=num_prompts
     )

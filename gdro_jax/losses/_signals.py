@@ -29,8 +29,8 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-from gdro_jax.losses._advantages import segment_mean
 from gdro_jax.losses._policy_loss import check_kl
+from gdro_jax.losses._segments import segment_mean
 from gdro_jax.losses._surrogate import clipped_surrogate, k3_kl
 from gdro_jax.losses._validation import check_choice
 
@@ -108,7 +108,7 @@ def prompt_loss_signal(
                 f"correct_R must have shape {prompt_of_slot_R.shape}, got {correct_R.shape}"
             )
         accuracy_N, count_N = segment_mean(
-            correct_R, valid_R.astype(jnp.float32), prompt_of_slot_R, num_prompts
+            correct_R, prompt_of_slot_R, valid_R.astype(jnp.float32), num_prompts
         )
         return jnp.where(count_N > 0, 1.0 - accuracy_N, 0.0)
 

@@ -16,7 +16,7 @@ Typical use:
 
 from gdro_jax.sim._config import SimConfig
 from gdro_jax.sim._experiment import EXPERIMENT_KEYS, ExperimentResult, run_experiment
-from gdro_jax.sim._grpo import GroupStats, group_advantages, grpo_policy_gradient, slot_assignment
+from gdro_jax.sim._grpo import RolloutStats, grpo_policy_gradient
 from gdro_jax.sim._learner import (
     PromptSet,
     exact_pass_at_k,
@@ -63,10 +63,10 @@ __all__ = [
     "FAST_COMPILE_OPTIONS",
     "METHODS",
     "ExperimentResult",
-    "GroupStats",
     "Interval",
     "MethodFlags",
     "PromptSet",
+    "RolloutStats",
     "SimConfig",
     "SimOutput",
     "SimState",
@@ -75,7 +75,6 @@ __all__ = [
     "bootstrap_interval",
     "exact_pass_at_k",
     "format_table",
-    "group_advantages",
     "grpo_policy_gradient",
     "initial_skill_logits",
     "level_counts",
@@ -95,7 +94,6 @@ __all__ = [
     "sample_prompt_set",
     "seed_keys",
     "simulate",
-    "slot_assignment",
     "success_log_prob",
     "success_log_prob_grad",
     "success_prob",

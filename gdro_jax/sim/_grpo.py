@@ -31,66 +31,18 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
+from gdro_jax import losses
 from gdro_jax.sim._learner import success_log_prob_grad
 
 
-class GroupStats(NamedTuple):
-    """Per-prompt and per-slot statistics of one step's rollout groups."""
+class RolloutStats(NamedTuple):
+    """Per-prompt and per-slot statistics of one simulated step's rollout groups."""
 
     num_correct_N: jax.Array  # [N] int32
     num_rollouts_N: jax.Array  # [N] int32
     mean_reward_N: jax.Array  # [N] float32
     advantage_R: jax.Array  # [R] float32
     informative_N: jax.Array  # [N] bool, the group has a non-zero advantage (rewards not all equal)
-
-
-def slot_assignment(n_per_prompt_N: ArrayLike, num_slots: int) -> jax.Array:
-    """Returns `prompt_of_slot_R`: prompt i fills `n_i` consecutive slots, int32[R].
-
-    Args:
-      n_per_prompt_N: int[N] rollouts per prompt; must sum to `num_slots` (not checked, jittable).
-      num_slots: R, the static slot count.
-    """
-    n_N = jnp.asarray(n_per_prompt_N)
-    return jnp.repeat(jnp.arange(n_N.shape[0], dtype=jnp.int32), n_N, total_repeat_length=num_slots)
-
-
-def group_advantages(
-    reward_R: ArrayLike,
-    prompt_of_slot_R: ArrayLike,
-    num_prompts: int,
-    *,
-    scale_by_std: bool = True,
-    eps: float = 1e-6,
-    clip: float = 5.0,
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """GRPO advantages of ragged groups by segment reductions.
-
-    Args:
-      reward_R: float[R] reward of each slot.
-      prompt_of_slot_R: int[R] group (prompt) of each slot, in 0..N-1.
-      num_prompts: N.
-      scale_by_std: divide by the group's population standard deviation (GRPO) or not (Dr.GRPO).
-      eps: added to the standard deviation.
-      clip: advantages are clipped to [-clip, clip].
-
-    Returns:
-      `(advantage_R, mean_N, count_N)`: float32[R], float32[N], float32[N]. A group whose rewards
-      are all equal has advantage exactly 0.
-
-    References:
-      SPEC 2; Shao et al., 2024, arXiv 2402.03300, eq. 3.
-    """
-    reward_R = jnp.asarray(reward_R, jnp.float32)
-    slot_R = jnp.asarray(prompt_of_slot_R)
-    count_N = jax.ops.segment_sum(jnp.ones_like(reward_R), slot_R, num_segments=num_prompts)
-    safe_count_N = jnp.maximum(count_N, 1.0)
-    mean_N = jax.ops.segment_sum(reward_R, slot_R, num_segments=num_prompts) / safe_count_N
-    centred_R = reward_R - mean_N[slot_R]
-    if scale_by_std:
-        var_N = jax.ops.segment_sum(centred_R**2, slot_R, num_segments=num_prompts) / safe_count_N
-        centred_R = centred_R / (jnp.sqrt(var_N)[slot_R] + eps)
-    return jnp.clip(centred_R, -clip, clip), mean_N, count_N
 
 
 def grpo_policy_gradient(
@@ -106,7 +58,7 @@ def grpo_policy_gradient(
     scale_by_std: bool = True,
     eps: float = 1e-6,
     clip: float = 5.0,
-) -> tuple[jax.Array, GroupStats]:
+) -> tuple[jax.Array, RolloutStats]:
     """The exact GRPO policy gradient (ascent direction) of one step of the skill-chain learner.
 
     Args:
@@ -119,12 +71,12 @@ def grpo_policy_gradient(
       reward_correct: reward of a correct rollout.
       reward_wrong: reward of a wrong rollout.
       scale_by_std: GRPO (True) or Dr.GRPO (False) advantages.
-      eps: see `group_advantages`.
-      clip: see `group_advantages`.
+      eps: see `gdro_jax.losses.group_advantages`.
+      clip: see `gdro_jax.losses.group_advantages`.
 
     Returns:
       `(grad_L, stats)`: float32[L] gradient of `(1/R) sum_ij sg(w_i A_ij) log P(y_ij; theta)`,
-      and the step's `GroupStats`.
+      and the step's `RolloutStats`.
 
     References:
       Williams, 1992 (REINFORCE); Shao et al., 2024, arXiv 2402.03300, eq. 3 at ratio 1.
@@ -136,9 +88,11 @@ def grpo_policy_gradient(
     num_slots = slot_R.shape[0]
 
     reward_R = jnp.where(success_R, reward_correct, reward_wrong).astype(jnp.float32)
-    advantage_R, mean_N, count_N = group_advantages(
-        reward_R, slot_R, num_prompts, scale_by_std=scale_by_std, eps=eps, clip=clip
+    # The trainer's advantages (gdro_jax.losses), so the simulator and the trainer agree on GRPO.
+    advantage_R = losses.group_advantages(
+        reward_R, slot_R, num_prompts, normalize_std=scale_by_std, eps=eps, clip=clip
     )
+    group = losses.group_statistics(reward_R, slot_R, num_prompts)
     adv_success_N = jax.ops.segment_sum(
         jnp.where(success_R, advantage_R, 0.0), slot_R, num_segments=num_prompts
     )
@@ -156,11 +110,11 @@ def grpo_policy_gradient(
     grad_L = coef_N @ grad_log_p_NL / num_slots
 
     num_correct_N = jax.ops.segment_sum(success_R.astype(jnp.int32), slot_R, num_prompts)
-    stats = GroupStats(
+    stats = RolloutStats(
         num_correct_N=num_correct_N,
-        num_rollouts_N=count_N.astype(jnp.int32),
-        mean_reward_N=mean_N,
+        num_rollouts_N=group.count_N,
+        mean_reward_N=group.mean_N,
         advantage_R=advantage_R,
-        informative_N=(num_correct_N > 0) & (num_correct_N < count_N.astype(jnp.int32)),
+        informative_N=group.informative_N,
     )
     return grad_L, stats

@@ -11,8 +11,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
+from gdro_jax.controllers import METHODS
 from gdro_jax.sim._report import Interval
-from gdro_jax.sim._simulate import METHODS, SimOutput
+from gdro_jax.sim._simulate import SimOutput
 
 
 def _panels(num_methods: int, height: float = 3.2) -> tuple[Figure, np.ndarray]:

@@ -15,7 +15,7 @@ allocation Rollout-GDRO would make, observed on GRPO's own data. Seeds give comm
 across methods: the same pools, batches and uniforms, so method differences are paired.
 """
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import jax
@@ -25,15 +25,18 @@ import optax
 from tqdm import tqdm
 
 from gdro_jax.controllers import (
+    METHODS,
     PassKState,
     PromptGDROState,
     RolloutGDROState,
+    method_adversaries,
     passk_classifier,
     prompt_gdro,
     rollout_gdro,
+    slots_from_counts,
 )
 from gdro_jax.sim._config import SimConfig
-from gdro_jax.sim._grpo import grpo_policy_gradient, slot_assignment
+from gdro_jax.sim._grpo import grpo_policy_gradient
 from gdro_jax.sim._learner import (
     PromptSet,
     exact_pass_at_k,
@@ -51,19 +54,9 @@ class MethodFlags(NamedTuple):
     allocate: jax.Array  # [] bool apply Rollout-GDRO's rollout counts
 
 
-METHODS: Mapping[str, tuple[bool, bool]] = {
-    "grpo": (False, False),
-    "prompt_gdro": (True, False),
-    "rollout_gdro": (False, True),
-    "gdro_both": (True, True),
-}
-
-
 def method_flags(method: str) -> MethodFlags:
-    """Returns the `MethodFlags` of one of `METHODS` ("grpo", "prompt_gdro", ...)."""
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {tuple(METHODS)}, got method={method!r}")
-    reweight, allocate = METHODS[method]
+    """Returns the `MethodFlags` of one of `controllers.METHODS` ("grpo", "prompt_gdro", ...)."""
+    reweight, allocate = method_adversaries(method)
     return MethodFlags(reweight=jnp.asarray(reweight), allocate=jnp.asarray(allocate))
 
 
@@ -211,7 +204,7 @@ def make_simulator(config: SimConfig, *, fast_compile: bool = False) -> Simulato
             )
 
             # Roll out R Bernoulli samples and take the exact GRPO step.
-            slot_R = slot_assignment(n_N, num_slots)
+            slot_R = slots_from_counts(n_N, num_slots)
             p_N = success_prob(state.theta, level_N, offset_N)
             success_R = jax.random.uniform(rollout_key, (num_slots,)) < p_N[slot_R]
             grad_L, stats = grpo_policy_gradient(
@@ -234,8 +227,10 @@ def make_simulator(config: SimConfig, *, fast_compile: bool = False) -> Simulato
             else:
                 advantage_sum_N = jax.ops.segment_sum(stats.advantage_R, slot_R, num_prompts)
                 losses_N = -advantage_sum_N / stats.num_rollouts_N
-            classifier_state = classifier.update(state.classifier, ids_N, stats.num_correct_N, n_N)
-            prompt_state = prompt_adversary.update(state.prompt, bins_N, losses_N)
+            classifier_state = classifier.update(
+                state.classifier, ids_N, num_correct=stats.num_correct_N, num_rollouts=n_N
+            )
+            prompt_state = prompt_adversary.update(state.prompt, bins_N, losses=losses_N)
             rollout_state = rollout_adversary.update(
                 state.rollout,
                 bins_N,

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from gdro_jax import controllers, losses
+from gdro_jax import losses
 from gdro_jax.controllers import MultiAdversary, Plan, PromptGDRO
 from gdro_jax.sampling import completion_logprobs, generate
 from gdro_jax.train._state import TrainState
@@ -325,8 +325,8 @@ def step_metrics(
     tokens_R = rollouts.lengths.astype(jnp.float32)
     tokens_B = jax.ops.segment_sum(tokens_R, slot_bins, num_segments=num_bins)
     ones_R = jnp.ones_like(rollouts.rewards)
-    reward_mean_B, _ = controllers.segment_mean(rollouts.rewards, slot_bins, ones_R, num_bins)
-    reward_sq_B, _ = controllers.segment_mean(rollouts.rewards**2, slot_bins, ones_R, num_bins)
+    reward_mean_B, _ = losses.segment_mean(rollouts.rewards, slot_bins, ones_R, num_bins)
+    reward_sq_B, _ = losses.segment_mean(rollouts.rewards**2, slot_bins, ones_R, num_bins)
     reward_std_B = jnp.sqrt(jnp.maximum(reward_sq_B - reward_mean_B**2, 0.0))
     present_B = prompts_B > 0
     share_B = prompts_B / num_prompts

@@ -63,11 +63,11 @@ def test_plan_reads_history_up_to_the_previous_step_and_update_matches_the_parts
         losses = 1.0 - num_correct / plan.num_rollouts
         new = multi.update(state, plan, ids, num_correct=num_correct, losses=losses)
         expected_classifier = classifier.update(
-            state.classifier, ids, num_correct, plan.num_rollouts
+            state.classifier, ids, num_correct=num_correct, num_rollouts=plan.num_rollouts
         )
         np.testing.assert_array_equal(new.classifier.last_bin, expected_classifier.last_bin)
         np.testing.assert_allclose(
-            new.prompt.scores, prompt.update(state.prompt, plan.bins, losses).scores
+            new.prompt.scores, prompt.update(state.prompt, plan.bins, losses=losses).scores
         )
         state = new
 

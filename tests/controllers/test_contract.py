@@ -34,7 +34,10 @@ def _classifier_step(classifier, state, key):
     ids, num_rollouts, num_correct, _ = _batch(key)
     bins = classifier.bins(state, ids)
     p_hat = classifier.p_hat(state, ids)
-    return classifier.update(state, ids, num_correct, num_rollouts), (bins, p_hat)
+    return classifier.update(state, ids, num_correct=num_correct, num_rollouts=num_rollouts), (
+        bins,
+        p_hat,
+    )
 
 
 def _prompt_step(adversary, state, key):
@@ -42,7 +45,7 @@ def _prompt_step(adversary, state, key):
     bins = ids % NUM_BINS
     weights = adversary.weights(state, bins, num_rollouts=num_rollouts)
     q = adversary.distribution(state, jnp.arange(NUM_BINS) < 7)
-    return adversary.update(state, bins, losses), (weights, q)
+    return adversary.update(state, bins, losses=losses), (weights, q)
 
 
 def _rollout_step(adversary, state, key):

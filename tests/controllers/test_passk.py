@@ -159,7 +159,9 @@ def make_run(classifier):
     def step(state, batch):
         ids, correct, rollouts, valid = batch
         queried = (classifier.bins(state, ids), classifier.p_hat(state, ids))
-        return classifier.update(state, ids, correct, rollouts, valid=valid), queried
+        return classifier.update(
+            state, ids, num_correct=correct, num_rollouts=rollouts, valid=valid
+        ), queried
 
     def run(ids, correct, rollouts, valid):
         final, (bins_TN, p_TN) = jax.lax.scan(
@@ -221,7 +223,7 @@ def test_default_hyperparameters_match_reference_with_exact_ties():
     for _ in range(10):
         ids = rng.choice(NUM_PROMPTS, size=BATCH, replace=False)
         correct = rng.integers(0, 11, size=BATCH)
-        state = update(state, ids, correct, 10)
+        state = update(state, ids, num_correct=correct, num_rollouts=10)
         reference.update(ids.tolist(), correct.tolist(), [10] * BATCH, [True] * BATCH)
         on_edge += sum(reference.p_hat(i) in reference.edges for i in ids.tolist())
     assert on_edge > 0, "the sequence never put a p_hat exactly on an edge"
@@ -256,9 +258,15 @@ def test_other_statistics_and_out_of_range_counts():
 
 def test_duplicate_ids_pool_into_one_visit():
     classifier = passk_classifier(8, window=3, k=2, hysteresis=0.05)
-    state = classifier.update(classifier.init(), jnp.array([1, 2]), jnp.array([1, 0]), 3)
-    pooled = classifier.update(state, jnp.array([4, 1, 4, 4]), jnp.array([1, 2, 0, 2]), 2)
-    single = classifier.update(state, jnp.array([1, 4]), jnp.array([2, 3]), jnp.array([2, 6]))
+    state = classifier.update(
+        classifier.init(), jnp.array([1, 2]), num_correct=jnp.array([1, 0]), num_rollouts=3
+    )
+    pooled = classifier.update(
+        state, jnp.array([4, 1, 4, 4]), num_correct=jnp.array([1, 2, 0, 2]), num_rollouts=2
+    )
+    single = classifier.update(
+        state, jnp.array([1, 4]), num_correct=jnp.array([2, 3]), num_rollouts=jnp.array([2, 6])
+    )
     for got, expected in zip(pooled, single, strict=True):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
     assert int(pooled.visits[4]) == 1 and int(pooled.visits[1]) == 2
@@ -269,7 +277,8 @@ def test_invalid_entries_are_ignored_and_out_of_range_ids_are_unseen():
     state = classifier.init()
     ids = jnp.array([0, 1, 2, -1, 5, 3])
     after = classifier.update(
-        state, ids, jnp.array([4, 4, 4, 4, 4, 0]), jnp.array([4, 0, 4, 4, 4, 4]),
+        state, ids, num_correct=jnp.array([4, 4, 4, 4, 4, 0]),
+        num_rollouts=jnp.array([4, 0, 4, 4, 4, 4]),
         valid=jnp.array([True, True, False, True, True, True]),
     )  # fmt: skip
     np.testing.assert_array_equal(np.asarray(after.visits), [1, 0, 0, 1, 0])
@@ -277,7 +286,9 @@ def test_invalid_entries_are_ignored_and_out_of_range_ids_are_unseen():
     np.testing.assert_allclose(
         np.asarray(classifier.p_hat(after, ids)), [1, 0.45, 0.45, 0.45, 0.45, 0], rtol=0, atol=1e-7
     )
-    empty = classifier.update(after, jnp.zeros((0,), jnp.int32), jnp.zeros((0,), jnp.int32), 4)
+    empty = classifier.update(
+        after, jnp.zeros((0,), jnp.int32), num_correct=jnp.zeros((0,), jnp.int32), num_rollouts=4
+    )
     for got, expected in zip(empty, after, strict=True):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
 
@@ -306,14 +317,19 @@ def large():
     for _ in range(20):
         ids = rng.integers(0, LARGE_PROMPTS, size=64)
         rollouts = rng.integers(1, 9, size=64)
-        state = update(state, ids, rng.integers(0, rollouts + 1), rollouts)
+        state = update(state, ids, num_correct=rng.integers(0, rollouts + 1), num_rollouts=rollouts)
     return classifier, update, state
 
 
 def test_update_leaves_rows_outside_the_batch_bit_identical(large):
     classifier, update, state = large
     ids = np.array([5, 17, 17, 400, 1008, 0])
-    after = update(state, ids, np.array([1, 2, 3, 0, 4, 2]), np.array([4, 4, 4, 4, 4, 4]))
+    after = update(
+        state,
+        ids,
+        num_correct=np.array([1, 2, 3, 0, 4, 2]),
+        num_rollouts=np.array([4, 4, 4, 4, 4, 4]),
+    )
     outside = np.setdiff1d(np.arange(LARGE_PROMPTS), ids)
     for name, before_field, after_field in zip(state._fields, state, after, strict=True):
         np.testing.assert_array_equal(
@@ -354,7 +370,9 @@ def test_update_jaxpr_has_no_dataset_sized_op_but_three_scatters(large):
     classifier, _, state = large
     ids = jnp.arange(16)
     counts = jnp.ones((16,), jnp.int32)
-    jaxpr = jax.make_jaxpr(classifier.update)(state, ids, counts, counts, valid=ids > 2).jaxpr
+    jaxpr = jax.make_jaxpr(
+        lambda s, i, c, n, v: classifier.update(s, i, num_correct=c, num_rollouts=n, valid=v)
+    )(state, ids, counts, counts, ids > 2).jaxpr
     assert _dataset_sized(jaxpr) == ["scatter"] * 3
 
 
@@ -378,8 +396,14 @@ def test_update_does_not_depend_on_batch_order(large, entries, permutation_seed)
     _, update, state = large
     ids, correct, rollouts, valid = (np.asarray(column) for column in zip(*entries, strict=True))
     order = np.random.default_rng(permutation_seed).permutation(len(entries))
-    first = update(state, ids, correct, rollouts, valid=valid)
-    second = update(state, ids[order], correct[order], rollouts[order], valid=valid[order])
+    first = update(state, ids, num_correct=correct, num_rollouts=rollouts, valid=valid)
+    second = update(
+        state,
+        ids[order],
+        num_correct=correct[order],
+        num_rollouts=rollouts[order],
+        valid=valid[order],
+    )
     for got, expected in zip(first, second, strict=True):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
 

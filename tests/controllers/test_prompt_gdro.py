@@ -19,7 +19,7 @@ def _run_scan(adversary, bins_TN, losses_TN):
     def step(state, inputs):
         bins, losses, present = inputs
         q = adversary.distribution(state, present)
-        return adversary.update(state, bins, losses), q
+        return adversary.update(state, bins, losses=losses), q
 
     state, q_TB = jax.lax.scan(step, adversary.init(), (bins_TN, losses_TN, present_TB))
     return np.asarray(q_TB), state
@@ -146,7 +146,7 @@ def test_distribution_is_finite_for_huge_losses_and_a_million_steps(ema):
     def run(state):
         def step(state, t):
             losses = signs * jnp.where(t % 3 == 0, 1e30, -1e30)
-            return adversary.update(state, bins, losses), None
+            return adversary.update(state, bins, losses=losses), None
 
         state, _ = jax.lax.scan(step, state, jnp.arange(1_000_000))
         return state
@@ -163,23 +163,30 @@ def test_distribution_is_finite_for_huge_losses_and_a_million_steps(ema):
 
 def test_nan_losses_are_ignored_as_if_the_prompt_were_absent():
     adversary = prompt_gdro(num_bins=3)
-    state = adversary.update(adversary.init(), jnp.array([0, 1, 2]), jnp.array([0.2, 0.5, 0.9]))
+    state = adversary.update(
+        adversary.init(), jnp.array([0, 1, 2]), losses=jnp.array([0.2, 0.5, 0.9])
+    )
     bins = jnp.array([0, 0, 1, 2], jnp.int32)
-    with_nan = adversary.update(state, bins, jnp.array([0.4, jnp.nan, jnp.inf, 0.1]))
+    with_nan = adversary.update(state, bins, losses=jnp.array([0.4, jnp.nan, jnp.inf, 0.1]))
     dropped = adversary.update(
-        state, bins, jnp.array([0.4, 0.0, 0.0, 0.1]), valid=jnp.array([True, False, False, True])
+        state,
+        bins,
+        losses=jnp.array([0.4, 0.0, 0.0, 0.1]),
+        valid=jnp.array([True, False, False, True]),
     )
     np.testing.assert_array_equal(with_nan.scores, dropped.scores)
     assert np.all(np.isfinite(np.asarray(with_nan.scores)))
     # Bin 1 saw only an infinite loss: its score is unchanged.
     assert with_nan.scores[1] == state.scores[1]
-    all_nan = adversary.update(state, bins, jnp.full((4,), jnp.nan))
+    all_nan = adversary.update(state, bins, losses=jnp.full((4,), jnp.nan))
     np.testing.assert_array_equal(all_nan.scores, state.scores)
 
 
 def test_weights_have_mean_one_over_responses_and_respect_the_cap():
     adversary = prompt_gdro(num_bins=3, eta=0.65, max_weight=15.0)
-    state = adversary.update(adversary.init(), jnp.array([0, 1, 2]), jnp.array([3.0, 0.0, 1.0]))
+    state = adversary.update(
+        adversary.init(), jnp.array([0, 1, 2]), losses=jnp.array([3.0, 0.0, 1.0])
+    )
     bins = jnp.array([0, 1, 1, 2, 2, 2], jnp.int32)
     num_rollouts = jnp.array([2, 6, 4, 3, 4, 5], jnp.int32)
     w = np.asarray(adversary.weights(state, bins, num_rollouts=num_rollouts))
@@ -188,7 +195,9 @@ def test_weights_have_mean_one_over_responses_and_respect_the_cap():
     np.testing.assert_allclose(w, expected, rtol=1e-6)
     assert np.average(w, weights=num_rollouts) == pytest.approx(1.0, rel=1e-6)
     capped = prompt_gdro(num_bins=3, eta=5.0, max_weight=2.0, clip=None)
-    state = capped.update(capped.init(), jnp.array([0, 1, 2]), jnp.array([10.0, 0.0, 0.0]))
+    state = capped.update(
+        capped.init(), jnp.array([0, 1, 2]), losses=jnp.array([10.0, 0.0, 0.0])
+    )
     w = np.asarray(capped.weights(state, jnp.array([0, 1, 2, 1, 2, 1])))
     assert w.max() == pytest.approx(2.0)
     # The uniform adversary is plain GRPO: every multiplier is exactly one.
@@ -201,7 +210,7 @@ def test_importance_weighting_divides_the_bin_loss():
     state = adversary.update(
         adversary.init(),
         jnp.array([0, 1]),
-        jnp.array([0.4, 0.3]),
+        losses=jnp.array([0.4, 0.3]),
         importance=jnp.array([0.8, 0.2]),
     )
     np.testing.assert_allclose(state.scores, [0.4 / 0.8, 0.3 / 0.2], rtol=1e-6)
@@ -209,10 +218,10 @@ def test_importance_weighting_divides_the_bin_loss():
 
 def test_first_observation_initialises_and_absent_bins_keep_their_score():
     adversary = prompt_gdro(num_bins=3, ema=0.5, share_normalize=False)
-    state = adversary.update(adversary.init(), jnp.array([0, 0]), jnp.array([1.0, 0.0]))
+    state = adversary.update(adversary.init(), jnp.array([0, 0]), losses=jnp.array([1.0, 0.0]))
     np.testing.assert_allclose(state.scores, [0.5, 0.0, 0.0])
     np.testing.assert_array_equal(state.seen, [True, False, False])
-    state = adversary.update(state, jnp.array([0, 2]), jnp.array([1.5, 2.0]))
+    state = adversary.update(state, jnp.array([0, 2]), losses=jnp.array([1.5, 2.0]))
     np.testing.assert_allclose(state.scores, [0.5 * 0.5 + 0.5 * 1.5, 0.0, 2.0])
     assert int(state.step) == 2
 

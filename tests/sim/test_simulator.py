@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gdro_jax import sim
+from gdro_jax import controllers, sim
 
 TINY = sim.SimConfig(
     steps=16,
@@ -74,7 +74,7 @@ def test_policy_gradient_equals_grad_of_sample_surrogate(seed, scale_by_std, rew
         theta_L,
         level_N,
         offset_N,
-        sim.slot_assignment(n_N, slot_R.shape[0]),
+        controllers.slots_from_counts(n_N, slot_R.shape[0]),
         success_R,
         weight_N,
         reward_correct=reward_correct,
@@ -180,7 +180,7 @@ def test_skill_transfer_training_one_level_raises_the_next():
         jax.random.key(0), np.eye(num_levels, dtype=int)[level - 1] * 32, 1.0
     )
     heldout = sim.sample_prompt_set(jax.random.key(1), np.full(num_levels, 64), 1.0)
-    slot_R = sim.slot_assignment(jnp.full((32,), 4), 128)
+    slot_R = controllers.slots_from_counts(jnp.full((32,), 4), 128)
 
     @jax.jit
     def sgd_step(theta_L, key):

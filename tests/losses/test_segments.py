@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from gdro_jax import controllers
+from gdro_jax import losses
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -13,7 +13,7 @@ def test_segment_mean_matches_a_loop(seed):
     segments = rng.integers(0, 6, size=40).astype(np.int32)  # segment 6 and 7 stay empty
     weights = rng.uniform(0.0, 0.3, size=40).astype(np.float32)  # sums below 1 in a segment
     weights[rng.random(40) < 0.3] = 0.0
-    mean, total = controllers.segment_mean(values, segments, weights, 8)
+    mean, total = losses.segment_mean(values, segments, weights, 8)
     for s in range(8):
         w = weights[segments == s]
         expected = (w * values[segments == s]).sum() / w.sum() if w.sum() > 0 else 0.0

@@ -1,4 +1,4 @@
-"""Per-bin (per-segment) weighted means, shared by the controllers and the train step's metrics."""
+"""Weighted segment means: the one per-group and per-bin mean of losses, controllers, metrics."""
 
 import jax
 import jax.numpy as jnp
