@@ -4,10 +4,11 @@
         [--config.methods=grpo,gdro_both --config.train.steps=60]
 """
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
-from gdro_jax.train import run_demo
+from experiments import _cli
+from gdro_jax.study import run_demo
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Demo config file.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Folder for every run, the table and the plots.")
@@ -20,4 +21,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    _cli.run(main)

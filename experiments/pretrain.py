@@ -7,10 +7,11 @@ Writes `WORKDIR/model` (an HF folder), `WORKDIR/tokenizer` and `WORKDIR/frontier
 per-level validation table, and reuses the folder when the config is unchanged.
 """
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
-from gdro_jax.train import pretrain
+from experiments import _cli
+from gdro_jax.warmstart import pretrain
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Warm-start config file.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Folder for the model, tokenizer and metrics.")
@@ -23,4 +24,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    _cli.run(main)

@@ -4,9 +4,10 @@
         --workdir=runs/sim_demo [--config.steps=300 --config.prompt_gdro.eta=1.0 ...]
 """
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
+from experiments import _cli
 from gdro_jax.sim import run_experiment
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Simulation config file.")
@@ -20,4 +21,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    _cli.run(main)

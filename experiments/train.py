@@ -14,9 +14,10 @@ SIGTERM, 130 for SIGINT), so a scheduler or a shell `&&` does not take the run f
 
 import sys
 
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
 
+from experiments import _cli
 from gdro_jax import train
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file.")
@@ -36,4 +37,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    _cli.run(main)

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments import evaluate
 from gdro_jax import data, models
+from gdro_jax import eval as evaluation
 
 NUM_PROBLEMS = 10
 NUM_SAMPLES = 2
@@ -102,19 +102,19 @@ def test_main_writes_the_report(policy_dir, data_dir, math500, tmp_path):
 
 def test_load_policy_errors(policy_dir, tmp_path):
     with pytest.raises(FileNotFoundError, match="is not a folder"):
-        evaluate.load_policy(tmp_path / "absent")
+        evaluation.load_policy(tmp_path / "absent")
     with pytest.raises(FileNotFoundError, match="no config.json"):
-        evaluate.load_policy(tmp_path)
+        evaluation.load_policy(tmp_path)
     no_tokenizer = tmp_path / "no_tokenizer"
     no_tokenizer.mkdir()
     for name in ("config.json", "model.safetensors"):
         (no_tokenizer / name).write_bytes((policy_dir / name).read_bytes())
     with pytest.raises(FileNotFoundError, match="has no tokenizer"):
-        evaluate.load_policy(no_tokenizer)
+        evaluation.load_policy(no_tokenizer)
     (no_tokenizer / "model.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="no \\*.safetensors"):
-        evaluate.load_policy(no_tokenizer)
-    model, tokenizer = evaluate.load_policy(policy_dir, dtype="float32")
+        evaluation.load_policy(no_tokenizer)
+    model, tokenizer = evaluation.load_policy(policy_dir, dtype="float32")
     assert model.config.vocab_size == len(tokenizer)
 
 

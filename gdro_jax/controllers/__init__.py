@@ -14,6 +14,11 @@ Observations are keyword-only everywhere (`num_correct=`, `num_rollouts=`, `loss
 by the `...Update` Protocols, as optax types `GradientTransformation`.
 """
 
+from gdro_jax.controllers._allocation import (
+    arms_allocation,
+    continuous_allocation,
+    integer_allocation,
+)
 from gdro_jax.controllers._compose import (
     METHODS,
     AdversaryUpdate,
@@ -45,9 +50,6 @@ from gdro_jax.controllers._rollout_gdro import (
     RolloutGDRO,
     RolloutGDROState,
     RolloutGDROUpdate,
-    arms_allocation,
-    continuous_allocation,
-    integer_allocation,
     rollout_gdro,
 )
 

@@ -140,7 +140,7 @@ def _check_edges(edges: Sequence[float]) -> tuple[float, ...]:
     except (TypeError, ValueError) as error:
         raise ValueError(f"edges must be a sequence of floats, got edges={edges!r}") from error
     if not all(0.0 < e < 1.0 for e in values):  # also rejects NaN
-        raise ValueError(f"edges must lie strictly inside (0, 1), got edges={values!r}")
+        raise ValueError(f"edges must be bin edges strictly inside (0, 1), got edges={values!r}")
     if any(b <= a for a, b in zip(values, values[1:], strict=False)):
         raise ValueError(f"edges must be strictly ascending, got edges={values!r}")
     return values

@@ -14,6 +14,7 @@ A row is `{"id", "prompt", "answer", ...extra}`; its position is its prompt inde
 directory is `data_dir`, else `$GDRO_DATA_DIR`, else `../shared/data` (see `default_data_dir`).
 """
 
+from gdro_jax.data._encode import encode_prompts, stop_token_ids
 from gdro_jax.data._paths import (
     DATA_DIR_ENV,
     data_dir_candidates,
@@ -48,6 +49,7 @@ __all__ = [
     "build_tokenizer",
     "data_dir_candidates",
     "default_data_dir",
+    "encode_prompts",
     "format_prompt",
     "load_hub",
     "load_preset",
@@ -57,5 +59,6 @@ __all__ = [
     "read_rows",
     "resolve_data_dir",
     "rows_from_records",
+    "stop_token_ids",
     "with_prompts",
 ]

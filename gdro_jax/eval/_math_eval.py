@@ -40,6 +40,9 @@ References:
   Panaganti et al., 2026 (arXiv 2601.19280): evaluation with 8 samples, T = 0.6, top-p 0.8,
   top-k 20, mean@8 and pass@8.
   Chen et al., 2021 (arXiv 2107.03374): the unbiased pass@k estimator.
+
+Over 400 lines on purpose: sampling, grading and the resumable per-problem file share one
+settings check and one loop; the report itself lives in `_math_report.py`.
 """
 
 from __future__ import annotations

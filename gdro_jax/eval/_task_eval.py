@@ -213,6 +213,26 @@ def evaluate_task(
     )
 
 
+def evaluate_with(
+    model, task_config: tasks.ChainTaskConfig, rows, eval_config, progress: bool
+) -> TaskEvaluation:
+    """`evaluate_task` with the sampling settings of an `eval` config block (`seed`,
+    `num_samples`, `temperature`, `top_p`, `top_k`, `batch_size`), as the warm start, the demo
+    and the evaluation entry point use it."""
+    return evaluate_task(
+        model,
+        rows,
+        task_config,
+        key=jax.random.key(eval_config.seed),
+        num_samples=eval_config.num_samples,
+        temperature=eval_config.temperature,
+        top_p=eval_config.top_p,
+        top_k=eval_config.top_k,
+        batch_size=eval_config.batch_size,
+        progress=progress,
+    )
+
+
 def format_level_table(evaluation: TaskEvaluation, ks: Sequence[int] | None = None) -> str:
     """A plain-text table: one row per level and a pooled row; pass@k with bootstrap intervals.
 

@@ -1,4 +1,4 @@
-"""GRPO losses as pure functions of arrays: advantages, clipped surrogate, KL, aggregation.
+"""Losses as pure functions of arrays: GRPO advantages, clipped surrogate, KL, aggregation.
 
 Everything here is a pure, jittable function of `jnp` arrays with static hyperparameters, built
 for static-shape rollouts (SPEC 6): a step has `R` rollout slots, `prompt_of_slot_R` maps each to
@@ -11,6 +11,7 @@ group statistics are segment reductions.
 - `clipped_surrogate`, `k3_kl`: per-token clipped surrogate (clip-higher) and k3 KL estimate.
 - `aggregate`: the three loss aggregations (`AGGREGATIONS`).
 - `policy_loss`: the mini-batch loss with its metrics.
+- `masked_cross_entropy`: the warm start's token-mean cross-entropy on the weighted targets.
 - `segment_mean`: the weighted mean per segment (group or bin), shared with the controllers.
 - `prompt_loss_signal`: Prompt-GDRO's per-prompt loss signals (`SIGNALS`).
 """
@@ -26,6 +27,7 @@ from gdro_jax.losses._aggregation import AGGREGATIONS, aggregate
 from gdro_jax.losses._policy_loss import policy_loss
 from gdro_jax.losses._segments import segment_mean
 from gdro_jax.losses._signals import SIGNALS, prompt_loss_signal
+from gdro_jax.losses._supervised import masked_cross_entropy
 from gdro_jax.losses._surrogate import SurrogateStats, clipped_surrogate, k3_kl
 
 __all__ = [
@@ -39,6 +41,7 @@ __all__ = [
     "group_statistics",
     "informative_fraction",
     "k3_kl",
+    "masked_cross_entropy",
     "policy_loss",
     "segment_mean",
     "prompt_loss_signal",

@@ -12,6 +12,7 @@ from gdro_jax.models._decoder import (
     rope_inverse_frequencies,
 )
 from gdro_jax.models._hf_io import (
+    MODEL_DIR,
     CheckpointError,
     from_pretrained,
     load_tokenizer,
@@ -27,6 +28,7 @@ from gdro_jax.models._sharding import (
 
 __all__ = [
     "MESH_AXES",
+    "MODEL_DIR",
     "SUPPORTED_ARCHITECTURES",
     "CheckpointError",
     "Decoder",

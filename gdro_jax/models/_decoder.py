@@ -14,6 +14,9 @@ of the stacked arrays at every step).
 Numerics follow HuggingFace transformers: RMSNorm and the attention softmax in float32, RoPE by
 rotating halves of each head, heads of one key/value group contiguous (query head n uses key/value
 head n // G).
+
+Over 400 lines on purpose: the whole Qwen3 decoder (attention, MLP, layers, KV cache) reads top to
+bottom in one file, as in the flax gemma example.
 """
 
 from __future__ import annotations

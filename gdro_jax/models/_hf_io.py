@@ -6,6 +6,9 @@ every shape right) and only then reads. Each parameter is built with
 `jax.make_array_from_callback`: every device's shard is read from the files as a slice of the
 stored tensors (safetensors slices are memory-mapped), so no device and no host ever holds the
 whole model at once.
+
+Over 400 lines on purpose: the tensor layout table, the dry-run checks and the sharded reader and
+writer are one mapping between our parameters and HF's names, and change together.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from gdro_jax.models._decoder import Decoder, abstract_decoder, parameter_shardi
 from gdro_jax.models._sharding import ShardingConfig
 
 CONFIG_FILE = "config.json"
+# A run saves its policy as an HF folder of this name inside its work directory.
+MODEL_DIR = "model"
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 
@@ -61,7 +66,8 @@ _TOP_TENSORS = {
 
 
 class CheckpointError(ValueError):
-    """A model folder that does not match its config (or a config this decoder cannot run)."""
+    """A checkpoint that cannot be used: an HF model folder that does not match its config (or a
+    config this decoder cannot run), or a training run's folder where no checkpoint restores."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -395,7 +401,21 @@ def save_pretrained(
 
 
 def load_tokenizer(path: str | os.PathLike):
-    """The tokenizer of a local model folder, through `transformers.AutoTokenizer`."""
-    from transformers import AutoTokenizer
+    """The tokenizer of a local folder, through `transformers.AutoTokenizer`.
 
-    return AutoTokenizer.from_pretrained(os.fspath(path), local_files_only=True)
+    Raises:
+      FileNotFoundError: the folder does not exist.
+      ValueError: it holds no usable tokenizer (naming the folder and the files expected).
+    """
+    from transformers import AutoTokenizer  # noqa: PLC0415 (heavy; only some callers need it)
+
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"tokenizer folder {path!r} does not exist")
+    try:
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as error:
+        raise ValueError(
+            f"no usable tokenizer in {path!r} (expected tokenizer.json / tokenizer_config.json): "
+            f"{error}"
+        ) from error

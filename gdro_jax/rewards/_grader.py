@@ -21,6 +21,9 @@ thread, and a sympy blow-up or a C-level hang can take unbounded time or memory.
 
 Each item's `Grade` has a status in `("correct", "wrong", "no_answer", "timeout", "crash")`;
 `MathGrader.stats` counts them over the grader's life, with the number of worker restarts.
+
+Over 400 lines on purpose: the worker pool's protocol, timeouts and replacement of dead or stuck
+workers are one state machine; the worker side is `_worker.py`.
 """
 
 from __future__ import annotations

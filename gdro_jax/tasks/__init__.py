@@ -16,6 +16,10 @@ Typical use:
     reward_R = tasks.solution_reward(result.tokens, gold_DS[prompt_of_slot],   # jittable
                                      completion_lengths=result.lengths, reward_values=(-1.0, 1.0))
     warm = tasks.supervised_arrays(tasks.pretraining_rows(config, 51_200, seed=0), config)
+
+What the trainer trains on is an `RLTask`: a tokenised prompt pool and its reward, built by
+`chain_task` (this task, rewarded on the device) or `math_task` (a math dataset preset graded
+by math-verify workers on the host).
 """
 
 from gdro_jax.tasks._arrays import ChainArrays, SupervisedArrays, encode_rows, supervised_arrays
@@ -31,6 +35,15 @@ from gdro_jax.tasks._config import (
     problem_space_size,
 )
 from gdro_jax.tasks._reward import grade_text, grade_tokens, solution_correct, solution_reward
+from gdro_jax.tasks._rl_task import (
+    TASK_KINDS,
+    RewardFn,
+    RLTask,
+    chain_task,
+    check_vocab,
+    math_task,
+    task_kind,
+)
 from gdro_jax.tasks._tokenizer import (
     BOS_ID,
     BOS_TOKEN,
@@ -60,14 +73,19 @@ __all__ = [
     "PAD_ID",
     "PAD_TOKEN",
     "SYMBOLS",
+    "TASK_KINDS",
     "VOCAB",
     "VOCAB_SIZE",
     "ChainArrays",
     "ChainSplits",
     "ChainTaskConfig",
+    "RLTask",
+    "RewardFn",
     "SupervisedArrays",
     "build_splits",
     "build_tokenizer",
+    "chain_task",
+    "check_vocab",
     "decode",
     "encode_prompts",
     "encode_rows",
@@ -78,11 +96,13 @@ __all__ = [
     "level_counts",
     "level_shares",
     "make_problem",
+    "math_task",
     "pool_size_for",
     "pretraining_rows",
     "problem_space_size",
     "save_tokenizer",
     "solution_correct",
     "solution_reward",
+    "task_kind",
     "supervised_arrays",
 ]

@@ -1,35 +1,37 @@
-"""Training: TrainState, the GRPO/GDRO step, the loop, checkpoints, metrics, the warm start."""
+"""The RL core: `TrainState`, the step (plan / rollout / reward / update), the loop, checkpoints,
+guards and metrics.
 
+- `build_run(config)` (`_assemble.py`): task, policy, controllers, optimizer, jitted phases.
+- `run_step` and `train` (`_loop.py`): one timed step; the loop with resume and checkpoints.
+- `make_update` (`_step.py`): advantages, multipliers, mini-batch steps, controller updates.
+- `sample_rollouts` (`_rollouts.py`), `step_metrics` and `MetricsWriter` (`_metrics.py`).
+- checkpoints (`_checkpoint.py`), resume rules (`_resume.py`), SIGTERM handling
+  (`_preemption.py`), guards (`_guards.py`), the parts read off a config (`_components.py`).
+"""
+
+from gdro_jax.controllers import METHODS
+from gdro_jax.models import CheckpointError
+from gdro_jax.train._assemble import Run, build_run
 from gdro_jax.train._checkpoint import (
     Checkpoint,
-    CheckpointError,
-    TrainingInterrupted,
     abstract_state,
     checkpoint_manager,
     restore_checkpoint,
     save_checkpoint,
 )
-from gdro_jax.train._demo import run_demo
-from gdro_jax.train._export import policy_from_checkpoint
-from gdro_jax.train._loop import (
-    METHODS,
-    Run,
+from gdro_jax.train._components import (
     build_controllers,
-    build_run,
     make_optimizer,
-    run_step,
-    train,
+    mesh_from_config,
 )
-from gdro_jax.train._metrics import MetricsWriter, read_metrics
-from gdro_jax.train._pretrain import (
-    PretrainResult,
-    check_frontier,
-    pretrain,
-    pretrain_model,
-    supervised_loss,
-)
+from gdro_jax.train._export import policy_from_checkpoint
+from gdro_jax.train._guards import NonFiniteStepsError, RewardError, validate_config
+from gdro_jax.train._loop import run_step, train
+from gdro_jax.train._metrics import MetricsWriter, read_metrics, step_metrics
+from gdro_jax.train._preemption import TrainingInterrupted
+from gdro_jax.train._rollouts import Rollouts, sample_rollouts
 from gdro_jax.train._state import TrainState, init_train_state
-from gdro_jax.train._step import GRPOConfig, Rollouts, make_update, sample_rollouts, step_metrics
+from gdro_jax.train._step import GRPOConfig, make_update
 
 __all__ = [
     "METHODS",
@@ -37,7 +39,8 @@ __all__ = [
     "CheckpointError",
     "GRPOConfig",
     "MetricsWriter",
-    "PretrainResult",
+    "NonFiniteStepsError",
+    "RewardError",
     "Rollouts",
     "Run",
     "TrainState",
@@ -46,20 +49,17 @@ __all__ = [
     "build_controllers",
     "build_run",
     "checkpoint_manager",
-    "check_frontier",
     "init_train_state",
     "make_optimizer",
     "make_update",
+    "mesh_from_config",
     "policy_from_checkpoint",
-    "pretrain",
-    "pretrain_model",
     "read_metrics",
     "restore_checkpoint",
-    "run_demo",
     "run_step",
     "sample_rollouts",
     "save_checkpoint",
     "step_metrics",
-    "supervised_loss",
     "train",
+    "validate_config",
 ]

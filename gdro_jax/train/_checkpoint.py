@@ -1,5 +1,8 @@
 """Checkpoints with orbax: exact resume of a run after a crash, a kill or a preemption.
 
+Save, restore and checksums only: the resume rules (which config fields may change) live in
+`_resume.py`, the metrics cursor in `_metrics.py`, signal handling in `_preemption.py`.
+
 One checkpoint is one orbax step folder `workdir/checkpoints/<step>/` with three items:
 
     state  the whole `TrainState` (params, optimizer, controller states, RNG key, step, and any
@@ -25,13 +28,10 @@ reduction order and of the sharding, and cheap next to a training step.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import shutil
-import signal
-import threading
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
@@ -42,24 +42,12 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
+from gdro_jax.models import CheckpointError
 from gdro_jax.train._state import TrainState
 
 CHECKPOINT_DIR = "checkpoints"  # inside the workdir
 CORRUPT_DIR = "checkpoints_corrupt"  # unusable step folders are moved here, never deleted
 FORMAT_VERSION = 1
-# Config fields a resumed run may change: they do not change what the steps compute.
-RESUMABLE_FIELDS = (
-    "steps",
-    "progress",
-    "tensorboard",
-    "checkpoint",
-    "eval",
-    "guards",
-    "reward_timeout_s",
-    "math.data_dir",
-    "math.grader_workers",
-    "math.grader_timeout_s",
-)
 
 
 class Checkpoint(NamedTuple):
@@ -69,10 +57,6 @@ class Checkpoint(NamedTuple):
     state: TrainState  # placed with the shardings of the template it was restored into
     meta: dict[str, Any]  # "config", "metrics_bytes", "checksums", "format"
     path: str  # its step folder
-
-
-class CheckpointError(RuntimeError):
-    """No checkpoint in a folder could be restored."""
 
 
 def checkpoint_options(config: ml_collections.ConfigDict) -> tuple[bool, int, int]:
@@ -213,66 +197,9 @@ def state_checksums(state: TrainState) -> dict[str, list[int]]:
     return {_path_name(p): [int(a), int(b)] for (p, _), (a, b) in zip(named, sums, strict=True)}
 
 
-# --- config --------------------------------------------------------------------------------------
-
-
 def config_dict(config: ml_collections.ConfigDict) -> dict[str, Any]:
     """The config as JSON values (tuples become lists), as stored in a checkpoint."""
     return json.loads(config.to_json_best_effort())
-
-
-def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(tree, Mapping):
-        flat: dict[str, Any] = {}
-        for name, value in tree.items():
-            flat.update(_flatten(value, f"{prefix}{name}."))
-        return flat
-    return {prefix[:-1]: tree}
-
-
-def config_differences(saved: Mapping[str, Any], config: ml_collections.ConfigDict) -> list[str]:
-    """Fields (dotted) whose value differs between a saved config and `config`.
-
-    Fields in `RESUMABLE_FIELDS` (and below them) are ignored: a resumed run may change them.
-    """
-    old, new = _flatten(saved), _flatten(config_dict(config))
-
-    def resumable(name: str) -> bool:
-        return any(name == f or name.startswith(f + ".") for f in RESUMABLE_FIELDS)
-
-    return [
-        f"{name}: saved {old.get(name, '<absent>')!r}, now {new.get(name, '<absent>')!r}"
-        for name in sorted(set(old) | set(new))
-        if not resumable(name) and old.get(name, "<absent>") != new.get(name, "<absent>")
-    ]
-
-
-def check_config(saved: Mapping[str, Any], config: ml_collections.ConfigDict, where: str) -> None:
-    """Raises a ValueError naming every field that makes `config` a different run.
-
-    Args:
-      saved: the config stored in a checkpoint (`config_dict` form).
-      config: the config of the run that wants to resume from it.
-      where: the checkpoint's folder, for the message.
-    """
-    differences = config_differences(saved, config)
-    if differences:
-        raise ValueError(
-            f"the checkpoint {where} was written by a run with another config; resuming would mix "
-            f"two runs. Differing fields: {'; '.join(differences)}. Use a new workdir, or the "
-            "saved config (only " + ", ".join(RESUMABLE_FIELDS) + " may change on resume)."
-        )
-
-
-def saved_config(manager: ocp.CheckpointManager) -> tuple[str, dict[str, Any]] | None:
-    """`(step folder, config)` of the newest checkpoint whose meta is readable; None if none."""
-    for step in sorted(manager.all_steps(), reverse=True):
-        try:
-            meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-            return step_path(manager, step), meta["meta"]["config"]
-        except Exception as error:  # noqa: BLE001 (any unreadable meta: try an older step)
-            logging.warning("cannot read the config in %s: %s", step_path(manager, step), error)
-    return None
 
 
 # --- save and restore ----------------------------------------------------------------------------
@@ -427,124 +354,12 @@ def _set_aside(manager: ocp.CheckpointManager, steps: list[int]) -> None:
     manager.reload()
 
 
-# --- the metrics cursor --------------------------------------------------------------------------
-
-
-def rewind_metrics(path: str | os.PathLike, step: int, metrics_bytes: int) -> int:
-    """Cuts `metrics.jsonl` back to the rows of steps <= `step` (those after it are redone).
-
-    The first `metrics_bytes` bytes (the checkpoint's cursor) are kept byte for byte when they
-    end with the row of `step`; otherwise (the file was edited) the leading rows with steps <=
-    `step` are kept, with a warning.
-
-    Returns:
-      The number of rows dropped.
-    """
-    if not os.path.exists(path):
-        if step > 0:
-            logging.warning("%s is missing; rows of steps 1-%d are lost", path, step)
-        return 0
-    with open(path, "rb") as file:
-        content = file.read()
-    head = content[:metrics_bytes]
-    lines = head.splitlines()
-    if len(head) == metrics_bytes and (
-        (metrics_bytes == 0 and step == 0)
-        or (head.endswith(b"\n") and lines and _row_step(lines[-1]) == step)
-    ):
-        keep = head
-    else:
-        logging.warning(
-            "%s does not match the checkpoint's cursor (%d bytes up to step %d); keeping its "
-            "leading rows of steps <= %d",
-            path,
-            metrics_bytes,
-            step,
-            step,
-        )
-        kept = []
-        for line in content.splitlines(keepends=True):
-            row_step = _row_step(line)
-            if row_step is None or row_step > step:
-                break
-            kept.append(line)
-        keep = b"".join(kept)
-    dropped = len(content[len(keep) :].splitlines())
-    if len(keep) != len(content):
-        with open(path, "r+b") as file:
-            file.truncate(len(keep))
-    return dropped
-
-
-def _row_step(line: bytes) -> int | None:
-    try:
-        return int(json.loads(line)["step"])
-    except (ValueError, KeyError, TypeError):
-        return None
-
-
-# --- preemption ----------------------------------------------------------------------------------
-
-
-class TrainingInterrupted(KeyboardInterrupt):
-    """`train` stopped on SIGTERM or SIGINT after finishing (and checkpointing) the step in flight.
-
-    A `KeyboardInterrupt`, so code that lets Ctrl-C through lets this through too.
-
-    Attributes:
-      step: the completed steps when it stopped.
-      signum: the signal received.
-      path: the checkpoint saved at `step`, or None when checkpoints are disabled.
-    """
-
-    def __init__(self, step: int, signum: int, path: str | None):
-        where = (
-            f"checkpoint saved in {path}; run again with the same workdir to resume"
-            if path
-            else "checkpoints are disabled, so nothing was saved"
-        )
-        super().__init__(
-            f"{signal.Signals(signum).name} received: stopped after step {step}; {where}"
-        )
-        self.step, self.signum, self.path = step, signum, path
-
-
-class StopRequest:
-    """Set by `stop_on_signals`: `signum` is the first stop signal received, else None."""
-
-    def __init__(self):
-        self.signum: int | None = None
-
-
-@contextlib.contextmanager
-def stop_on_signals(signums: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)):
-    """Turns the first SIGTERM/SIGINT into a request to stop after the current step.
-
-    A second signal raises `KeyboardInterrupt` at once. Outside the main thread (where Python
-    cannot install handlers) the request is never set and the signals keep their handlers.
-
-    Yields:
-      A `StopRequest`.
-    """
-    request = StopRequest()
-    if threading.current_thread() is not threading.main_thread():
-        yield request
-        return
-
-    def handler(signum, frame):
-        del frame
-        if request.signum is not None:
-            raise KeyboardInterrupt(f"{signal.Signals(signum).name} received twice")
-        request.signum = signum
-        logging.warning(
-            "%s received: finishing the current step and saving a checkpoint (send it again to "
-            "stop at once)",
-            signal.Signals(signum).name,
-        )
-
-    previous = {signum: signal.signal(signum, handler) for signum in signums}
-    try:
-        yield request
-    finally:
-        for signum, old in previous.items():
-            signal.signal(signum, old)
+def saved_config(manager: ocp.CheckpointManager) -> tuple[str, dict[str, Any]] | None:
+    """`(step folder, config)` of the newest checkpoint whose meta is readable; None if none."""
+    for step in sorted(manager.all_steps(), reverse=True):
+        try:
+            meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+            return step_path(manager, step), meta["meta"]["config"]
+        except Exception as error:  # noqa: BLE001 (any unreadable meta: try an older step)
+            logging.warning("cannot read the config in %s: %s", step_path(manager, step), error)
+    return None

@@ -15,6 +15,7 @@ import ml_collections
 from flax import nnx
 
 from gdro_jax.models import Decoder
+from gdro_jax.train._assemble import build_run
 from gdro_jax.train._checkpoint import (
     CHECKPOINT_DIR,
     abstract_state,
@@ -22,7 +23,6 @@ from gdro_jax.train._checkpoint import (
     restore_checkpoint,
     saved_config,
 )
-from gdro_jax.train._loop import build_run
 
 
 def policy_from_checkpoint(workdir: str | os.PathLike) -> tuple[Decoder, Any, int]:
@@ -52,7 +52,7 @@ def policy_from_checkpoint(workdir: str | os.PathLike) -> tuple[Decoder, Any, in
                 manager, abstract_state(run.state), run.prompt_batches, set_aside=False
             )
         finally:
-            run.task.close()
+            run.close()
         return nnx.merge(run.graphdef, checkpoint.state.params), run.task.tokenizer, checkpoint.step
     finally:
         manager.close()

@@ -2,9 +2,9 @@
 
 - `validate_config` checks a run config before anything is built or written, and names the
   field (`config.rollout_gdro.n_min`, `config.mesh`, ...) with what was expected.
-- `checked_host_reward` calls a host reward function with an optional wall-clock limit and
-  raises `RewardError` naming the function, the step and what went wrong (it raised, timed out,
-  returned the wrong shape or a non-finite value).
+- `HostRewardCaller` calls a host reward function with an optional wall-clock limit and
+  raises `RewardError` naming the function and what went wrong (it raised, timed out, returned
+  the wrong shape or a non-finite value); `run_step` adds the step.
 - `check_rewards` checks device rewards the same way (one host copy of `R` floats).
 - `check_skips` stops a run after too many steps in a row were skipped for a non-finite loss or
   gradient (the update itself skips them: see `make_update`).
@@ -19,6 +19,8 @@ from typing import Any
 import jax
 import ml_collections
 import numpy as np
+
+from gdro_jax.train._components import build_controllers
 
 DEFAULT_MAX_CONSECUTIVE_SKIPS = 3
 
@@ -41,7 +43,8 @@ def validate_config(config: ml_collections.ConfigDict, *, num_devices: int | Non
     """Raises `ValueError` naming the field of a run config that cannot work.
 
     Checks: positive sizes; the rollout budget `N * n_mean` within `[N * n_min, N * n_max]` when
-    Rollout-GDRO is on; the classifier's bin edges; the mesh against the devices; the `R` slots
+    Rollout-GDRO is on; the method and every controller hyperparameter (by building the
+    controllers, whose factories validate them); the mesh against the devices; the `R` slots
     against the mesh's batch axes and the mini-batches; the guard limit.
 
     Args:
@@ -53,28 +56,20 @@ def validate_config(config: ml_collections.ConfigDict, *, num_devices: int | Non
     _positive_int(config.max_new_tokens, "config.max_new_tokens")
     if isinstance(config.steps, bool) or not isinstance(config.steps, int) or config.steps < 0:
         raise ValueError(f"config.steps must be an int >= 0, got config.steps={config.steps!r}")
-    if config.method in ("rollout_gdro", "gdro_both"):
-        n_min, n_max = config.rollout_gdro.n_min, config.rollout_gdro.n_max
-        if not (isinstance(n_min, int) and isinstance(n_max, int) and 1 <= n_min <= n_max):
-            raise ValueError(
-                "config.rollout_gdro.n_min and n_max must be ints with 1 <= n_min <= n_max, got "
-                f"n_min={n_min!r}, n_max={n_max!r}"
-            )
-        if not n_min <= n_mean <= n_max:
-            raise ValueError(
-                f"the rollout budget is infeasible: N * n_mean = {num_prompts} * {n_mean} rollouts "
-                f"cannot be split with n_min={n_min} <= n_i <= n_max={n_max} per prompt; set "
-                "config.n_mean inside [config.rollout_gdro.n_min, config.rollout_gdro.n_max]"
-            )
-    edges = config.classifier.get("edges", None)
-    if edges is not None:
-        values = list(edges)
-        if not values or any(not 0.0 < float(v) < 1.0 for v in values):
-            raise ValueError(
-                f"config.classifier.edges must be bin edges strictly inside (0, 1), got {values!r}"
-            )
-        if any(b <= a for a, b in zip(values, values[1:], strict=False)):
-            raise ValueError(f"config.classifier.edges must be strictly ascending, got {values!r}")
+    # The budget is the trainer's: N * n_mean slots whatever the allocation. The rollout block's
+    # own fields (n_min <= n_max, ...) are checked by its factory in build_controllers below.
+    rollout = config.get("rollout_gdro", None)
+    if config.get("method") in ("rollout_gdro", "gdro_both") and rollout is not None:
+        n_min, n_max = rollout.get("n_min"), rollout.get("n_max")
+        if isinstance(n_min, int) and isinstance(n_max, int) and n_min <= n_max:
+            if not n_min <= n_mean <= n_max:
+                raise ValueError(
+                    f"the rollout budget is infeasible: N * n_mean = {num_prompts} * {n_mean} "
+                    f"rollouts cannot be split with n_min={n_min} <= n_i <= n_max={n_max} per "
+                    "prompt; set config.n_mean inside [config.rollout_gdro.n_min, "
+                    "config.rollout_gdro.n_max]"
+                )
+    build_controllers(config, num_dataset_prompts=num_prompts)
     sizes = {axis: config.mesh[axis] for axis in ("data", "fsdp", "tensor")}
     for axis, size in sizes.items():
         _positive_int(size, f"config.mesh.{axis}")

@@ -1,18 +1,93 @@
-"""Per-step metrics to disk: one JSON object per line in `metrics.jsonl`, and TensorBoard events.
+"""Per-step metrics: computed on the device (SPEC 10), written to `metrics.jsonl` and TensorBoard.
 
-Scalars are written as numbers; per-bin arrays (names starting `bin/`) as lists in JSON and as one
-TensorBoard scalar per bin (`bin/q/3`). Every line carries `step`.
+`step_metrics` makes the curriculum visible inside the jitted update. `MetricsWriter` writes
+one JSON object per line (scalars as numbers; per-bin arrays, names starting `bin/`, as lists)
+and one TensorBoard scalar per bin (`bin/q/3`); every line carries `step`. `rewind_metrics` cuts
+the file back to a checkpoint's cursor when a run resumes.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from collections.abc import Mapping
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+
+from gdro_jax import losses
+from gdro_jax.controllers import Plan, PromptGDRO
+from gdro_jax.train._rollouts import Rollouts
+from gdro_jax.train._state import TrainState
+
+
+def _per_bin(values_N: jax.Array, bins_N: jax.Array, num_bins: int) -> jax.Array:
+    return jax.ops.segment_sum(values_N, bins_N, num_segments=num_bins)
+
+
+def step_metrics(
+    state: TrainState,
+    plan: Plan,
+    rollouts: Rollouts,
+    adv_R: jax.Array,
+    mask_RM: jax.Array,
+    signal_N: jax.Array,
+    *,
+    num_bins: int,
+    prompt_adversary: PromptGDRO | None,
+) -> dict[str, jax.Array]:
+    """The curriculum made visible (SPEC section 10): per-bin arrays and scalars of one step."""
+    num_prompts = plan.bins.shape[0]
+    bins, n_N = plan.bins, plan.num_rollouts.astype(jnp.float32)
+    slot_bins = bins[plan.prompt_of_slot]
+    prompts_B = _per_bin(jnp.ones((num_prompts,)), bins, num_bins)
+    rollouts_B = _per_bin(n_N, bins, num_bins)
+    tokens_R = rollouts.lengths.astype(jnp.float32)
+    tokens_B = jax.ops.segment_sum(tokens_R, slot_bins, num_segments=num_bins)
+    ones_R = jnp.ones_like(rollouts.rewards)
+    reward_mean_B, _ = losses.segment_mean(rollouts.rewards, slot_bins, ones_R, num_bins)
+    reward_sq_B, _ = losses.segment_mean(rollouts.rewards**2, slot_bins, ones_R, num_bins)
+    reward_std_B = jnp.sqrt(jnp.maximum(reward_sq_B - reward_mean_B**2, 0.0))
+    present_B = prompts_B > 0
+    share_B = prompts_B / num_prompts
+    if prompt_adversary is not None:
+        q_B = prompt_adversary.distribution(state.gdro.prompt, present_B)
+        scores_B = state.gdro.prompt.scores
+    else:
+        q_B = jnp.where(present_B, 1.0 / jnp.maximum(present_B.sum(), 1), 0.0)
+        scores_B = jnp.zeros((num_bins,))
+    # Advantage-weight mass of each bin over the batch's responses, against the bin's share.
+    mass_B = _per_bin(n_N * plan.advantage_weights, bins, num_bins)
+    weight_share_B = mass_B / jnp.maximum(mass_B.sum(), 1e-12)
+    bin_index = jnp.arange(num_bins, dtype=jnp.float32)
+    stats = losses.group_statistics(rollouts.rewards, plan.prompt_of_slot, num_prompts)
+    logp_tokens = jnp.where(mask_RM, rollouts.logprobs, 0.0)
+    return {
+        "reward": jnp.mean(rollouts.rewards),
+        "accuracy": jnp.mean(rollouts.correct.astype(jnp.float32)),
+        "response_length": jnp.mean(tokens_R),
+        "tokens": jnp.sum(tokens_R),
+        "entropy_estimate": -jnp.sum(logp_tokens) / jnp.maximum(mask_RM.sum(), 1),
+        "advantage_abs_mean": jnp.mean(jnp.abs(adv_R)),
+        "nonzero_advantage_fraction": losses.informative_fraction(stats),
+        "loss_signal_mean": jnp.mean(signal_N),
+        "mu": plan.mu,
+        "lead_lag_gap": jnp.sum(bin_index * weight_share_B) - jnp.sum(bin_index * share_B),
+        "weighted_standard_error": jnp.sum(
+            jnp.where(present_B, q_B * reward_std_B / jnp.sqrt(jnp.maximum(rollouts_B, 1.0)), 0.0)
+        ),
+        "bin/q": q_B,
+        "bin/score": scores_B,
+        "bin/prompts": prompts_B,
+        "bin/rollouts": rollouts_B,
+        "bin/rollouts_per_prompt": rollouts_B / jnp.maximum(prompts_B, 1.0),
+        "bin/tokens": tokens_B,
+        "bin/reward": reward_mean_B,
+    }
 
 
 def to_host(metrics: Mapping[str, Any]) -> dict[str, Any]:
@@ -93,3 +168,56 @@ def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
     """Reads a `metrics.jsonl` file back into a list of dicts (one per step)."""
     with open(path, encoding="utf-8") as file:
         return [json.loads(line) for line in file if line.strip()]
+
+
+def rewind_metrics(path: str | os.PathLike, step: int, metrics_bytes: int) -> int:
+    """Cuts `metrics.jsonl` back to the rows of steps <= `step` (those after it are redone).
+
+    The first `metrics_bytes` bytes (the checkpoint's cursor) are kept byte for byte when they
+    end with the row of `step`; otherwise (the file was edited) the leading rows with steps <=
+    `step` are kept, with a warning.
+
+    Returns:
+      The number of rows dropped.
+    """
+    if not os.path.exists(path):
+        if step > 0:
+            logging.warning("%s is missing; rows of steps 1-%d are lost", path, step)
+        return 0
+    with open(path, "rb") as file:
+        content = file.read()
+    head = content[:metrics_bytes]
+    lines = head.splitlines()
+    if len(head) == metrics_bytes and (
+        (metrics_bytes == 0 and step == 0)
+        or (head.endswith(b"\n") and lines and _row_step(lines[-1]) == step)
+    ):
+        keep = head
+    else:
+        logging.warning(
+            "%s does not match the checkpoint's cursor (%d bytes up to step %d); keeping its "
+            "leading rows of steps <= %d",
+            path,
+            metrics_bytes,
+            step,
+            step,
+        )
+        kept = []
+        for line in content.splitlines(keepends=True):
+            row_step = _row_step(line)
+            if row_step is None or row_step > step:
+                break
+            kept.append(line)
+        keep = b"".join(kept)
+    dropped = len(content[len(keep) :].splitlines())
+    if len(keep) != len(content):
+        with open(path, "r+b") as file:
+            file.truncate(len(keep))
+    return dropped
+
+
+def _row_step(line: bytes) -> int | None:
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None

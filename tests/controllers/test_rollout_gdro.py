@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gdro_jax.controllers._rollout_gdro import (
+from gdro_jax.controllers import (
     arms_allocation,
     continuous_allocation,
     integer_allocation,

@@ -162,7 +162,9 @@ def test_signal_feeds_the_prompt_gdro_adversary(tokens):
     adversary = prompt_gdro(num_bins=NUM_PROMPTS, ema=1.0)
     losses = jitted_signal("failure_rate", *tokens, CORRECT)
     bins = np.arange(NUM_PROMPTS, dtype=np.int32)
-    state = adversary.update(adversary.init(), bins, losses, valid=np.array([1, 1, 1, 0], bool))
+    state = adversary.update(
+        adversary.init(), bins, losses=losses, valid=np.array([1, 1, 1, 0], bool)
+    )
     assert int(np.argmax(np.asarray(state.scores))) == int(np.argmax(np.asarray(losses)[:3]))
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from experiments.configs import paper_qwen3_1p7b
 from gdro_jax import data, models, train
-from gdro_jax.train._guards import RewardError
+from gdro_jax.train import RewardError
 from tests.train.configs import small_run_config
 
 DAPO_FILE = "dapo_math_17k_en_dedup.jsonl"

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from gdro_jax import train
-from gdro_jax.train import _checkpoint
+from gdro_jax.train import _checkpoint, _metrics, _preemption, _resume
 from tests.train import _resume_config
 
 
@@ -62,7 +62,7 @@ def mesh_run():
     """A gdro_both run on a 2x2x2 mesh (nothing compiled but its initialisation)."""
     run = train.build_run(_config(data=2, fsdp=2, tensor=2))
     yield run
-    run.task.close()
+    run.close()
 
 
 def _save_steps(run, directory, steps, *, keep=3, seed=0):
@@ -225,7 +225,7 @@ def test_no_usable_checkpoint_is_an_error_naming_each_and_moves_nothing(
     _truncate(directory / "4")
     _no_meta(directory / "3")
     before = sorted(glob.glob(f"{tmp_path}/**", recursive=True))
-    with pytest.raises(_checkpoint.CheckpointError) as error:
+    with pytest.raises(train.CheckpointError) as error:
         _restore(mesh_run, directory)
     assert str(directory / "4") in str(error.value) and str(directory / "3") in str(error.value)
     assert sorted(glob.glob(f"{tmp_path}/**", recursive=True)) == before
@@ -238,12 +238,12 @@ def test_a_config_that_changes_the_run_is_refused_by_name():
     resumable.steps = 100
     resumable.progress = True
     resumable.checkpoint.every_steps = 7
-    _checkpoint.check_config(saved, resumable, "ckpt/4")
+    _resume.check_config(saved, resumable, "ckpt/4")
     changed = _config()
     changed.optimizer.learning_rate = 0.5
     changed.method = "grpo"
     with pytest.raises(ValueError, match="ckpt/4") as error:
-        _checkpoint.check_config(saved, changed, "ckpt/4")
+        _resume.check_config(saved, changed, "ckpt/4")
     assert "optimizer.learning_rate: saved 0.01, now 0.5" in str(error.value)
     assert "method: saved 'gdro_both', now 'grpo'" in str(error.value)
     assert "steps" not in str(error.value).split("Differing fields:")[1].split(". Use")[0]
@@ -258,9 +258,9 @@ def test_rewind_keeps_the_rows_up_to_the_cursor_byte_for_byte(tmp_path):
     rows = _rows(range(1, 7))
     path.write_bytes(b"".join(rows))
     cursor = len(b"".join(rows[:4]))
-    assert _checkpoint.rewind_metrics(path, 4, cursor) == 2
+    assert _metrics.rewind_metrics(path, 4, cursor) == 2
     assert path.read_bytes() == b"".join(rows[:4])
-    assert _checkpoint.rewind_metrics(path, 4, cursor) == 0
+    assert _metrics.rewind_metrics(path, 4, cursor) == 0
 
 
 def test_rewind_without_a_matching_cursor_keeps_rows_up_to_the_step(tmp_path, caplog):
@@ -268,14 +268,14 @@ def test_rewind_without_a_matching_cursor_keeps_rows_up_to_the_step(tmp_path, ca
     rows = _rows(range(1, 7))
     path.write_bytes(b"".join(rows))
     with caplog.at_level(logging.WARNING):
-        assert _checkpoint.rewind_metrics(path, 3, 5) == 3
+        assert _metrics.rewind_metrics(path, 3, 5) == 3
     assert path.read_bytes() == b"".join(rows[:3])
     assert "does not match the checkpoint's cursor" in caplog.text
 
 
 def test_the_first_stop_signal_is_a_request_and_the_second_interrupts():
     previous = signal.getsignal(signal.SIGTERM)
-    with _checkpoint.stop_on_signals() as stop:
+    with _preemption.stop_on_signals() as stop:
         assert stop.signum is None
         os.kill(os.getpid(), signal.SIGTERM)
         assert stop.signum == signal.SIGTERM

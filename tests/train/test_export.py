@@ -1,4 +1,4 @@
-"""A training run's checkpoint as a policy: `policy_from_checkpoint` and `evaluate.load_policy`."""
+"""A training run's checkpoint as a policy: `policy_from_checkpoint` and `eval.load_policy`."""
 
 import shutil
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from experiments import evaluate
+from gdro_jax import eval as evaluation
 from gdro_jax import tasks, train
 from tests.train.configs import small_run_config
 
@@ -19,7 +19,7 @@ def test_the_newest_checkpoint_gives_the_final_policy_and_reads_only(tmp_path):
     shutil.rmtree(workdir / "model")  # only the checkpoints remain
     listing = sorted(p.relative_to(workdir) for p in workdir.rglob("*"))
 
-    model, tokenizer = evaluate.load_policy(workdir)
+    model, tokenizer = evaluation.load_policy(workdir)
     final = nnx.state(nnx.merge(result["run"].graphdef, result["state"].params), nnx.Param)
     for a, b in zip(
         jax.tree.leaves(nnx.state(model, nnx.Param)), jax.tree.leaves(final), strict=True

@@ -7,7 +7,7 @@ from flax import nnx
 from experiments.configs import pretrain_tiny, tiny_cpu
 from gdro_jax import eval as evaluation
 from gdro_jax import models, train
-from gdro_jax.train._pretrain import pretrain_model
+from gdro_jax.warmstart import pretrain_model
 
 
 def test_thirty_grpo_steps_raise_the_reward(tmp_path):

@@ -16,7 +16,7 @@ from flax import nnx
 from experiments.configs import paper_qwen3, paper_qwen3_1p7b, paper_qwen3_4b, paper_qwen3_8b
 from gdro_jax import data, models, train
 from gdro_jax.sampling import completion_logprobs
-from gdro_jax.train._rl_tasks import encode_prompts
+from gdro_jax.data import encode_prompts
 
 NUM_PROMPTS = 8
 N_MEAN = 2

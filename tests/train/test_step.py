@@ -72,7 +72,7 @@ def test_grpo_step_equals_a_hand_written_reference():
     expected = _reference_grpo_update(
         run.graphdef,
         run.state.params,
-        train.make_optimizer(config),
+        train.make_optimizer(config.optimizer),
         run.state.opt_state,
         rollouts,
         plan.prompt_of_slot,

@@ -1,4 +1,4 @@
-"""What the trainer needs from a task: a tokenised prompt pool and a reward.
+"""A task as the trainer consumes it: a tokenised prompt pool and a reward.
 
 Two tasks plug into `build_run`:
 
@@ -15,16 +15,18 @@ Both map correctness to `config.reward_values` (SPEC 2: -1 / +1).
 from __future__ import annotations
 
 import dataclasses
-import pathlib
 from collections.abc import Callable
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from gdro_jax import data, rewards, tasks
+from gdro_jax import data, models, rewards
+from gdro_jax.tasks._arrays import encode_rows
+from gdro_jax.tasks._chains import ChainTaskConfig, build_splits
+from gdro_jax.tasks._reward import solution_correct
+from gdro_jax.tasks._tokenizer import EOS_ID, VOCAB_SIZE, hf_tokenizer
 
 # (prompt_ids_N, completion_tokens_RM, completion_lengths_R, prompt_of_slot_R) -> (rewards_R,
 # correct_R): jittable on device arrays (chain) or plain numpy on the host (math).
@@ -63,24 +65,16 @@ class RLTask:
     rows: list[dict]
     skipped_prompts: int = 0
     grader: rewards.MathGrader | None = None
-    reward_name: str = ""  # how reward errors name the reward function
-    _closers: list[Callable[[], None]] = dataclasses.field(default_factory=list)
 
     @property
     def num_prompts(self) -> int:
         """D, the number of prompts in the pool (the classifier's dataset size)."""
         return int(self.prompt_tokens.shape[0])
 
-    def on_close(self, fn: Callable[[], None]) -> None:
-        """Registers `fn` to run at `close()` (e.g. a reward thread pool)."""
-        self._closers.append(fn)
-
     def close(self) -> None:
-        """Stops the grader's worker processes and anything registered with `on_close`."""
+        """Stops the grader's worker processes (nothing to do for device rewards)."""
         if self.grader is not None:
             self.grader.close()
-        for fn in self._closers:
-            fn()
 
     def grader_counts(self) -> dict[str, int]:
         """Cumulative grader counts (timeouts, crashes, ...); empty for device rewards."""
@@ -97,101 +91,29 @@ def task_kind(config: ml_collections.ConfigDict) -> str:
     return kind
 
 
-def chain_task(config: ml_collections.ConfigDict, task_config: tasks.ChainTaskConfig) -> RLTask:
+def chain_task(config: ml_collections.ConfigDict, task_config: ChainTaskConfig) -> RLTask:
     """The chain task's training pool with its on-device exact-match reward."""
-    splits = tasks.build_splits(task_config)
-    pool = tasks.encode_rows(splits.train, task_config)
+    splits = build_splits(task_config)
+    pool = encode_rows(splits.train, task_config)
     solution_tokens = jnp.asarray(pool.solution_tokens)
     low, high = (float(v) for v in config.reward_values)
 
     def exact_match_reward(ids_N, tokens_RM, lengths_R, prompt_of_slot_R):
         gold_RS = solution_tokens[ids_N[prompt_of_slot_R]]
-        correct = tasks.solution_correct(tokens_RM, gold_RS, completion_lengths=lengths_R)
+        correct = solution_correct(tokens_RM, gold_RS, completion_lengths=lengths_R)
         return jnp.where(correct, high, low), correct
 
     return RLTask(
         kind="chain",
         prompt_tokens=np.asarray(pool.prompt_tokens, np.int32),
         prompt_lengths=np.asarray(pool.prompt_lengths, np.int32),
-        eos_ids=(tasks.EOS_ID,),
-        vocab_size=tasks.VOCAB_SIZE,
+        eos_ids=(EOS_ID,),
+        vocab_size=VOCAB_SIZE,
         device_reward=exact_match_reward,
         host_reward=None,
-        tokenizer=tasks.hf_tokenizer(),
+        tokenizer=hf_tokenizer(),
         rows=list(splits.train),
     )
-
-
-def load_tokenizer(path: str | pathlib.Path):
-    """Loads the transformers tokenizer saved in `path`, with an error naming the folder."""
-    import transformers  # noqa: PLC0415  (heavy; only the math task needs it)
-
-    path = pathlib.Path(path)
-    if not path.is_dir():
-        raise FileNotFoundError(f"tokenizer folder {str(path)!r} does not exist")
-    try:
-        return transformers.AutoTokenizer.from_pretrained(str(path))
-    except (OSError, ValueError) as error:
-        raise ValueError(
-            f"no usable tokenizer in {str(path)!r} (expected tokenizer.json / "
-            f"tokenizer_config.json): {error}"
-        ) from error
-
-
-def _eos_ids(tokenizer, names: tuple[str, ...]) -> tuple[int, ...]:
-    ids = []
-    if tokenizer.eos_token_id is not None:
-        ids.append(int(tokenizer.eos_token_id))
-    for name in names:
-        token_id = tokenizer.convert_tokens_to_ids(name)
-        if token_id is None or token_id == tokenizer.unk_token_id:
-            raise ValueError(f"math.eos_tokens names {name!r}, which the tokenizer does not know")
-        ids.append(int(token_id))
-    if not ids:
-        raise ValueError("the tokenizer has no eos token and math.eos_tokens is empty")
-    return tuple(dict.fromkeys(ids))
-
-
-def encode_prompts(
-    tokenizer, rows: list[dict], max_prompt_tokens: int, *, on_long_prompt: str = "skip"
-) -> tuple[np.ndarray, np.ndarray, list[dict], int]:
-    """Tokenises `rows[i]["prompt"]` into right-padded arrays.
-
-    Prompts longer than `max_prompt_tokens` are dropped and counted (`on_long_prompt="skip"`),
-    or raise naming the row (`"raise"`): truncating a math problem would change the problem.
-
-    Returns:
-      `(tokens [D, P] int32, lengths [D] int32, kept_rows, num_skipped)` with `P` the longest
-      kept prompt.
-    """
-    if on_long_prompt not in ("skip", "raise"):
-        raise ValueError(
-            f"on_long_prompt must be 'skip' or 'raise', got on_long_prompt={on_long_prompt!r}"
-        )
-    encoded = tokenizer([row["prompt"] for row in rows], add_special_tokens=False)["input_ids"]
-    kept_rows, kept_ids = [], []
-    for index, (row, ids) in enumerate(zip(rows, encoded, strict=True)):
-        if len(ids) > max_prompt_tokens:
-            if on_long_prompt == "raise":
-                raise ValueError(
-                    f"row {index} (id={row['id']!r}) has a prompt of {len(ids)} tokens, more "
-                    f"than max_prompt_tokens={max_prompt_tokens}"
-                )
-            continue
-        kept_rows.append(row)
-        kept_ids.append(ids)
-    if not kept_rows:
-        raise ValueError(
-            f"every prompt is longer than max_prompt_tokens={max_prompt_tokens}: nothing to "
-            "train on"
-        )
-    width = max(len(ids) for ids in kept_ids)
-    tokens = np.zeros((len(kept_ids), width), np.int32)
-    lengths = np.zeros((len(kept_ids),), np.int32)
-    for i, ids in enumerate(kept_ids):
-        tokens[i, : len(ids)] = ids
-        lengths[i] = len(ids)
-    return tokens, lengths, kept_rows, len(rows) - len(kept_rows)
 
 
 def math_task(config: ml_collections.ConfigDict, *, tokenizer=None) -> RLTask:
@@ -215,7 +137,7 @@ def math_task(config: ml_collections.ConfigDict, *, tokenizer=None) -> RLTask:
                 "the math task needs a tokenizer: set config.tokenizer or config.init_from to a "
                 "folder with the tokenizer files"
             )
-        tokenizer = load_tokenizer(folder)
+        tokenizer = models.load_tokenizer(folder)
     rows = data.load_preset(
         math.preset,
         math.data_dir or None,
@@ -223,11 +145,11 @@ def math_task(config: ml_collections.ConfigDict, *, tokenizer=None) -> RLTask:
     )
     if math.limit:
         rows = rows[: math.limit]
-    tokens, lengths, rows, skipped = encode_prompts(
+    tokens, lengths, rows, skipped = data.encode_prompts(
         tokenizer, rows, math.max_prompt_tokens, on_long_prompt=math.on_long_prompt
     )
     golds = [row["answer"] for row in rows]
-    eos_ids = _eos_ids(tokenizer, tuple(math.eos_tokens))
+    eos_ids = data.stop_token_ids(tokenizer, tuple(math.eos_tokens))
     grader = rewards.MathGrader(num_workers=math.grader_workers, timeout_s=math.grader_timeout_s)
     low, high = (float(v) for v in config.reward_values)
     stop = set(eos_ids)
@@ -266,13 +188,3 @@ def check_vocab(task: RLTask, vocab_size: int) -> None:
             f"the policy's vocab_size={vocab_size} is smaller than the {task.kind} task's "
             f"tokenizer ({task.vocab_size} tokens)"
         )
-
-
-def as_device_rewards(rewards_R, correct_R, sharding) -> tuple[jax.Array, jax.Array]:
-    """Host rewards as device arrays, placed like the rollouts when a sharding is given."""
-    rewards_R = jnp.asarray(rewards_R, jnp.float32)
-    correct_R = jnp.asarray(correct_R, bool)
-    if sharding is not None:
-        rewards_R = jax.device_put(rewards_R, sharding)
-        correct_R = jax.device_put(correct_R, sharding)
-    return rewards_R, correct_R

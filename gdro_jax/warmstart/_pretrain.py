@@ -29,24 +29,22 @@ import shutil
 import time
 from typing import Any, NamedTuple
 
-import chex
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from tqdm.auto import tqdm
 
 from gdro_jax import eval as evaluation
-from gdro_jax import models, tasks
-from gdro_jax.models import fit_spec
+from gdro_jax import losses, models, tasks
+from gdro_jax.models import MODEL_DIR, fit_spec
+from gdro_jax.train import make_optimizer, mesh_from_config
 
 # Bump when a change to this module changes what a config trains, so old folders are not reused.
 FORMAT_VERSION = 2  # 2: batches in data order (1 shuffled them, with optional length buckets)
-MODEL_DIR = "model"
 TOKENIZER_DIR = "tokenizer"
 FRONTIER_FILE = "frontier.json"
 CONFIG_FILE = "pretrain.json"
@@ -92,68 +90,6 @@ def config_hash(config: ml_collections.ConfigDict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def make_optimizer(train: ml_collections.ConfigDict) -> optax.GradientTransformation:
-    """Adam(W) with global-norm clipping, linear warmup and cosine decay to `end_lr_fraction`.
-
-    Args:
-      train: `config.train` with `steps`, `learning_rate`, `warmup_steps`, `end_lr_fraction`,
-        `b1`, `b2`, `eps`, `weight_decay` (0 is plain Adam) and `grad_clip` (0 disables it).
-
-    Returns:
-      The optax transformation.
-
-    References:
-      Loshchilov and Hutter, "Decoupled Weight Decay Regularization", 2019 (AdamW);
-      "SGDR: Stochastic Gradient Descent with Warm Restarts", 2017 (cosine decay).
-    """
-    if not train.learning_rate > 0:
-        raise ValueError(f"learning_rate must be > 0, got learning_rate={train.learning_rate!r}")
-    if not 0 <= train.warmup_steps < train.steps:
-        raise ValueError(
-            f"warmup_steps must be in [0, steps={train.steps}), "
-            f"got warmup_steps={train.warmup_steps!r}"
-        )
-    if not 0 <= train.end_lr_fraction <= 1:
-        raise ValueError(
-            f"end_lr_fraction must be in [0, 1], got end_lr_fraction={train.end_lr_fraction!r}"
-        )
-    schedule = optax.warmup_cosine_decay_schedule(
-        init_value=0.0,
-        peak_value=train.learning_rate,
-        warmup_steps=train.warmup_steps,
-        decay_steps=train.steps,
-        end_value=train.learning_rate * train.end_lr_fraction,
-    )
-    adam = optax.adamw(
-        schedule, b1=train.b1, b2=train.b2, eps=train.eps, weight_decay=train.weight_decay
-    )
-    if train.grad_clip > 0:
-        return optax.chain(optax.clip_by_global_norm(train.grad_clip), adam)
-    return adam
-
-
-def masked_cross_entropy(
-    logits_BTV: jax.Array, targets_BT: jax.Array, weights_BT: jax.Array
-) -> jax.Array:
-    """Token-mean cross-entropy over the weighted targets: `sum(w * nll) / max(sum(w), 1)`.
-
-    Args:
-      logits_BTV: next-token logits.
-      targets_BT: int target ids.
-      weights_BT: float weights, 1 on the tokens to learn (the solution) and 0 elsewhere.
-
-    Returns:
-      The scalar loss (float32). A target with weight 0 has no effect on the loss or its gradient.
-    """
-    chex.assert_rank([logits_BTV, targets_BT, weights_BT], [3, 2, 2])
-    chex.assert_equal_shape([targets_BT, weights_BT])
-    chex.assert_equal_shape_prefix([logits_BTV, targets_BT], 2)
-    log_probs_BTV = jax.nn.log_softmax(logits_BTV.astype(jnp.float32), axis=-1)
-    nll_BT = -jnp.take_along_axis(log_probs_BTV, targets_BT[..., None], axis=-1)[..., 0]
-    weights_BT = weights_BT.astype(jnp.float32)
-    return jnp.sum(weights_BT * nll_BT) / jnp.maximum(jnp.sum(weights_BT), 1.0)
-
-
 def supervised_loss(
     model: models.Decoder, tokens_BQ: jax.Array, loss_mask_BQ: jax.Array
 ) -> jax.Array:
@@ -172,7 +108,7 @@ def supervised_loss(
     # Padding sits after each sequence's end, so causal attention already keeps it out of every
     # position whose target is weighted; no attention mask is needed.
     logits_BTV = model(inputs_BT, positions_BT)
-    return masked_cross_entropy(logits_BTV, tokens_BQ[:, 1:], loss_mask_BQ[:, 1:])
+    return losses.masked_cross_entropy(logits_BTV, tokens_BQ[:, 1:], loss_mask_BQ[:, 1:])
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=1)
@@ -181,11 +117,6 @@ def _train_step(graphdef, state, tokens_BQ, loss_mask_BQ):
     loss, grads = nnx.value_and_grad(supervised_loss)(model, tokens_BQ, loss_mask_BQ)
     optimizer.update(model, grads)
     return nnx.state((model, optimizer)), loss
-
-
-def _make_mesh(config: ml_collections.ConfigDict):
-    shape = (config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
-    return None if shape == (1, 1, 1) else models.make_mesh(*shape)
 
 
 def pretrain_model(
@@ -221,7 +152,7 @@ def pretrain_model(
     shape = (train.steps, train.batch_size, task.sequence_length)
     batches = zip(data.tokens.reshape(shape), data.loss_mask.reshape(shape), strict=True)
     model = models.init_decoder(decoder_config(config), seed=config.seed, mesh=mesh)
-    optimizer = nnx.Optimizer(model, make_optimizer(train), wrt=nnx.Param)
+    optimizer = nnx.Optimizer(model, make_optimizer(train, decay_steps=train.steps), wrt=nnx.Param)
     graphdef, state = nnx.split((model, optimizer))
 
     def place(batch):
@@ -289,23 +220,6 @@ def _read_json(path: pathlib.Path) -> dict | None:
         return None
 
 
-def evaluate_with(model, task_config, rows, eval_config, progress: bool):
-    """`evaluation.evaluate_task` with the sampling settings of an `eval` config block
-    (`seed`, `num_samples`, `temperature`, `top_p`, `top_k`, `batch_size`)."""
-    return evaluation.evaluate_task(
-        model,
-        rows,
-        task_config,
-        key=jax.random.key(eval_config.seed),
-        num_samples=eval_config.num_samples,
-        temperature=eval_config.temperature,
-        top_p=eval_config.top_p,
-        top_k=eval_config.top_k,
-        batch_size=eval_config.batch_size,
-        progress=progress,
-    )
-
-
 def pretrain(
     config: ml_collections.ConfigDict,
     workdir: str | os.PathLike,
@@ -347,14 +261,14 @@ def pretrain(
         shutil.rmtree(model_dir)
 
     cpu_start = time.process_time()
-    mesh = _make_mesh(config) if mesh is None else mesh
+    mesh = mesh_from_config(config) if mesh is None else mesh
     trained = pretrain_model(config, mesh=mesh)
     train_cpu_seconds = time.process_time() - cpu_start
 
     eval_start, eval_cpu_start = time.perf_counter(), time.process_time()
     task = task_config(config)
     ev = config.eval
-    result = evaluate_with(
+    result = evaluation.evaluate_with(
         trained.model, task, tasks.build_splits(task).validation, ev, config.progress
     )
     eval_seconds = time.perf_counter() - eval_start

@@ -23,9 +23,9 @@ from flax import nnx
 
 from gdro_jax import eval as evaluation
 from gdro_jax import models, tasks
-from gdro_jax.train._loop import train
-from gdro_jax.train._metrics import read_metrics
-from gdro_jax.train._pretrain import evaluate_with, pretrain
+from gdro_jax.eval import evaluate_with
+from gdro_jax.train import read_metrics, train
+from gdro_jax.warmstart import pretrain
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

@@ -6,7 +6,7 @@ from experiments.configs import demo
 
 
 def test_demo_writes_the_table_plots_and_results(tmp_path, capsys):
-    from gdro_jax.train import run_demo
+    from gdro_jax.study import run_demo
 
     config = demo.get_config()
     config.methods = "grpo,gdro_both"

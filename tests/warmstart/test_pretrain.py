@@ -9,8 +9,8 @@ import pytest
 
 from experiments.configs import pretrain_tiny
 from gdro_jax import eval as evaluation
-from gdro_jax import models, tasks
-from gdro_jax.train import _pretrain
+from gdro_jax import losses, models, tasks, train, warmstart
+from gdro_jax.warmstart import _pretrain
 
 
 def _tiny_config():
@@ -45,7 +45,7 @@ def run(tmp_path_factory):
 
 
 def _batch(config, num_rows=8):
-    task = _pretrain.task_config(config)
+    task = warmstart.task_config(config)
     return tasks.supervised_arrays(tasks.pretraining_rows(task, num_rows, seed=5), task)
 
 
@@ -59,26 +59,26 @@ def test_loss_decreases(run):
 
 def test_only_solution_targets_enter_the_loss():
     config = _tiny_config()
-    model = models.init_decoder(_pretrain.decoder_config(config), seed=1)
+    model = models.init_decoder(warmstart.decoder_config(config), seed=1)
     data = _batch(config)
     tokens_BQ = jnp.asarray(data.tokens)
     inputs_BT = tokens_BQ[:, :-1]
     logits_BTV = model(inputs_BT, jnp.broadcast_to(jnp.arange(inputs_BT.shape[1]), inputs_BT.shape))
     targets_BT = np.asarray(data.tokens[:, 1:])
     weights_BT = data.loss_mask[:, 1:]
-    loss = _pretrain.masked_cross_entropy(logits_BTV, targets_BT, weights_BT)
+    loss = losses.masked_cross_entropy(logits_BTV, targets_BT, weights_BT)
 
     # Numpy reference: mean negative log-likelihood of the solution targets.
     logits = np.asarray(logits_BTV, np.float64)
     log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
     nll = -np.take_along_axis(log_probs, targets_BT[..., None], -1)[..., 0]
     assert float(loss) == pytest.approx(nll[weights_BT > 0].mean(), rel=1e-5)
-    assert float(_pretrain.supervised_loss(model, tokens_BQ, data.loss_mask)) == pytest.approx(
+    assert float(warmstart.supervised_loss(model, tokens_BQ, data.loss_mask)) == pytest.approx(
         float(loss), rel=1e-6
     )
 
     # The weighted targets are exactly each row's solution and its <eos>.
-    rows = tasks.pretraining_rows(_pretrain.task_config(config), 8, seed=5)
+    rows = tasks.pretraining_rows(warmstart.task_config(config), 8, seed=5)
     for i, row in enumerate(rows):
         ids = targets_BT[i][weights_BT[i] > 0]
         assert tasks.decode(ids, skip_special_tokens=False) == row["solution"] + tasks.EOS_TOKEN
@@ -86,13 +86,13 @@ def test_only_solution_targets_enter_the_loss():
     # Changing every prompt-only (or padding) target leaves the loss unchanged ...
     changed_BT = np.where(weights_BT > 0, targets_BT, (targets_BT + 5) % tasks.VOCAB_SIZE)
     assert np.any(changed_BT != targets_BT)
-    same = _pretrain.masked_cross_entropy(logits_BTV, changed_BT, weights_BT)
+    same = losses.masked_cross_entropy(logits_BTV, changed_BT, weights_BT)
     assert float(same) == float(loss)
     # ... while changing one solution target changes it.
     row, column = np.argwhere(weights_BT > 0)[0]
     changed_BT = targets_BT.copy()
     changed_BT[row, column] = (changed_BT[row, column] + 1) % tasks.VOCAB_SIZE
-    assert float(_pretrain.masked_cross_entropy(logits_BTV, changed_BT, weights_BT)) != float(loss)
+    assert float(losses.masked_cross_entropy(logits_BTV, changed_BT, weights_BT)) != float(loss)
 
 
 def test_reloaded_folder_gives_identical_logits(run):
@@ -109,12 +109,12 @@ def test_reloaded_folder_gives_identical_logits(run):
 
 def test_saved_metrics_match_a_fresh_evaluation(run):
     config, workdir, path, _ = run
-    metrics = json.loads((workdir / _pretrain.FRONTIER_FILE).read_text())
-    assert metrics["config_hash"] == _pretrain.config_hash(config)
+    metrics = json.loads((workdir / warmstart.FRONTIER_FILE).read_text())
+    assert metrics["config_hash"] == warmstart.config_hash(config)
     assert sorted(metrics["evaluation"]["levels"]) == [str(level) for level in range(1, 7)]
     assert set(metrics["frontier"]) >= {"easiest_pass@1", "hardest_pass@1", "satisfied"}
     # The stored counts are those of the saved model on the validation split with the same key.
-    task = _pretrain.task_config(config)
+    task = warmstart.task_config(config)
     again = evaluation.evaluate_task(
         models.from_pretrained(path),
         tasks.build_splits(task).validation,
@@ -125,7 +125,7 @@ def test_saved_metrics_match_a_fresh_evaluation(run):
     )
     assert again.correct.tolist() == metrics["evaluation"]["correct"]
     # The tokenizer folders load with transformers and encode like the task.
-    tokenizer = models.load_tokenizer(workdir / _pretrain.TOKENIZER_DIR)
+    tokenizer = models.load_tokenizer(workdir / warmstart.TOKENIZER_DIR)
     assert tokenizer("3+4=").input_ids == tasks.encode_prompts(["3+4="], 5)[0][0].tolist()
     assert models.load_tokenizer(path)("3+4=").input_ids == tokenizer("3+4=").input_ids
 
@@ -147,21 +147,21 @@ def test_reuse_skips_training(run, monkeypatch, capsys):
 
 def test_config_hash_tracks_training_fields_only():
     config = _tiny_config()
-    digest = _pretrain.config_hash(config)
+    digest = warmstart.config_hash(config)
     config.progress = not config.progress
-    assert _pretrain.config_hash(config) == digest
+    assert warmstart.config_hash(config) == digest
     config.train.steps += 1
-    assert _pretrain.config_hash(config) != digest
+    assert warmstart.config_hash(config) != digest
 
 
 def test_make_optimizer_rejects_bad_schedules():
     config = _tiny_config()
     config.train.warmup_steps = config.train.steps
     with pytest.raises(ValueError, match="warmup_steps"):
-        _pretrain.make_optimizer(config.train)
+        train.make_optimizer(config.train, decay_steps=config.train.steps)
     config.train.warmup_steps, config.train.learning_rate = 0, 0.0
     with pytest.raises(ValueError, match="learning_rate"):
-        _pretrain.make_optimizer(config.train)
+        train.make_optimizer(config.train, decay_steps=config.train.steps)
 
 
 def test_sharded_training_matches_one_device():
@@ -189,7 +189,7 @@ def test_check_frontier_reads_the_easiest_and_hardest_levels():
     correct[-1] = 1
     by_level, pooled = evaluation.summarize_counts(correct, 10, levels, num_resamples=20)
     result = evaluation.TaskEvaluation(10, by_level, pooled, correct, levels)
-    frontier = _pretrain.check_frontier(
+    frontier = warmstart.check_frontier(
         result, easiest_min_pass1=0.8, hardest_max_pass1=0.05, hardest_k=8
     )
     assert frontier["easiest_pass@1"] == pytest.approx(0.9)
@@ -199,7 +199,7 @@ def test_check_frontier_reads_the_easiest_and_hardest_levels():
     correct[-1] = 0
     by_level, pooled = evaluation.summarize_counts(correct, 10, levels, num_resamples=20)
     result = evaluation.TaskEvaluation(10, by_level, pooled, correct, levels)
-    frontier = _pretrain.check_frontier(
+    frontier = warmstart.check_frontier(
         result, easiest_min_pass1=0.8, hardest_max_pass1=0.05, hardest_k=8
     )
     assert not frontier["satisfied"]  # the hardest level is never solved

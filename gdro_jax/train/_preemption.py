@@ -1,0 +1,77 @@
+"""Preemption: SIGTERM or Ctrl-C finish the step in flight, save it, then stop the run.
+
+`train` runs its loop inside `stop_on_signals()`; when a signal arrives it saves a checkpoint of
+the step just finished and raises `TrainingInterrupted`, which the entry point turns into exit
+status 128 + the signal number.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """`train` stopped on SIGTERM or SIGINT after finishing (and checkpointing) the step in flight.
+
+    A `KeyboardInterrupt`, so code that lets Ctrl-C through lets this through too.
+
+    Attributes:
+      step: the completed steps when it stopped.
+      signum: the signal received.
+      path: the checkpoint saved at `step`, or None when checkpoints are disabled.
+    """
+
+    def __init__(self, step: int, signum: int, path: str | None):
+        where = (
+            f"checkpoint saved in {path}; run again with the same workdir to resume"
+            if path
+            else "checkpoints are disabled, so nothing was saved"
+        )
+        super().__init__(
+            f"{signal.Signals(signum).name} received: stopped after step {step}; {where}"
+        )
+        self.step, self.signum, self.path = step, signum, path
+
+
+class StopRequest:
+    """Set by `stop_on_signals`: `signum` is the first stop signal received, else None."""
+
+    def __init__(self):
+        self.signum: int | None = None
+
+
+@contextlib.contextmanager
+def stop_on_signals(signums: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)):
+    """Turns the first SIGTERM/SIGINT into a request to stop after the current step.
+
+    A second signal raises `KeyboardInterrupt` at once. Outside the main thread (where Python
+    cannot install handlers) the request is never set and the signals keep their handlers.
+
+    Yields:
+      A `StopRequest`.
+    """
+    request = StopRequest()
+    if threading.current_thread() is not threading.main_thread():
+        yield request
+        return
+
+    def handler(signum, frame):
+        del frame
+        if request.signum is not None:
+            raise KeyboardInterrupt(f"{signal.Signals(signum).name} received twice")
+        request.signum = signum
+        logging.warning(
+            "%s received: finishing the current step and saving a checkpoint (send it again to "
+            "stop at once)",
+            signal.Signals(signum).name,
+        )
+
+    previous = {signum: signal.signal(signum, handler) for signum in signums}
+    try:
+        yield request
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)
