@@ -87,6 +87,7 @@ def paper_config(size: str) -> ml_collections.ConfigDict:
             aggregation="token_mean",
             kl_coef=0.001,
             normalize_std=True,
+            advantage_estimator="sample",  # the released code's (verl) N-1 std
             advantage_clip=5.0,
             loss_signal="surrogate",  # the released code's; "surrogate_kl" is the written one
             temperature=1.0,

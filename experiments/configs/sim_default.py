@@ -34,6 +34,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.reward_correct = 1.0
     config.reward_wrong = -1.0
     config.scale_by_std = True
+    config.advantage_estimator = "sample"  # the released code's N-1 std, as the trainer
     config.loss_signal = "failure_rate"
     config.eval_k = 8
     # Controllers (paper defaults; the simulator sets num_prompts, num_bins and n_mean).

@@ -50,6 +50,7 @@ def get_config() -> ml_collections.ConfigDict:
             aggregation="token_mean",
             kl_coef=0.0,
             normalize_std=True,
+            advantage_estimator="sample",  # the released code's (verl) N-1 std
             advantage_clip=5.0,
             loss_signal="failure_rate",
             temperature=1.0,

@@ -31,6 +31,7 @@ _HUGE = 1e30
 # and a sum of N of them stays finite, so the DP never has to compare infinities.
 _LOG_PROB_FLOOR = -1e6
 
+
 def _sanitize_variance(variance_N: jax.typing.ArrayLike) -> jax.Array:
     """float32 [N] variances with NaN and tiny or negative values as 0, huge values capped."""
     variance_N = jnp.asarray(variance_N, jnp.float32)

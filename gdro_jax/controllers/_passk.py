@@ -172,10 +172,14 @@ def passk_classifier(
     Per prompt, `p_hat` is the mean of its last `min(visits, H)` per-visit statistics (`H = 0`:
     of all its visits). The raw bin is the number of edges `e_j` with `p_hat >= e_j`. With
     hysteresis `delta`, a prompt in bin `b` moves up only past the upper edges it clears by
-    `delta` (`p_hat >= e_j + delta`), and down only past the lower edges it falls under by more
-    than `delta` (`p_hat < e_j - delta`); a multi-bin jump goes as far as the edges so cleared. A
-    prompt seen for the first time takes its raw bin. All comparisons count a value within
-    `TIE_TOLERANCE` (1e-6) of a threshold as on it, so exact ties do not depend on rounding.
+    `delta` (`p_hat >= e_j + delta`), and down only past the lower edges it falls under by
+    `delta` (`p_hat <= e_j - delta`, never below its raw bin, which matters only at `delta = 0`).
+    A tie at `e_j + delta` or `e_j - delta` moves the prompt, as in the authors' released code
+    (SPEC 3). A multi-bin jump goes as far as the edges so cleared, testing each edge crossed;
+    the released code tests only the far bin's edge, so with `delta = 0.05` a prompt first seen
+    at `p_hat = 1` stays in its easiest bin at `p_hat = 0.5` there and moves here. A prompt seen
+    for the first time takes its raw bin. All comparisons count a value within `TIE_TOLERANCE`
+    (1e-6) of a threshold as on it, so exact ties do not depend on rounding.
 
     Duplicate ids in one batch are pooled into a single visit, deterministically: their
     `num_correct` and `num_rollouts` are summed and the statistic is computed once, as if the
@@ -232,7 +236,8 @@ def passk_classifier(
     # device arrays.
     raw_thresholds = (edges_64 - TIE_TOLERANCE).astype(np.float32)
     up_thresholds = (edges_64 + hysteresis - TIE_TOLERANCE).astype(np.float32)
-    down_thresholds = (edges_64 - hysteresis - TIE_TOLERANCE).astype(np.float32)
+    # A prompt stays above edge e only while p > e - delta (+ the tolerance): a tie moves it down.
+    stay_thresholds = (edges_64 - hysteresis + TIE_TOLERANCE).astype(np.float32)
     unseen_bin = int(np.sum(np.float32(unseen_p_hat) >= raw_thresholds))
     slots = max(window, 1)
 
@@ -324,12 +329,14 @@ def passk_classifier(
 
         previous_S = jnp.take(state.last_bin, safe_S, axis=0)
         # up_S: the highest bin whose lower edge p clears by delta (the farthest a move up goes);
-        # down_S: the highest bin whose lower edge p is not under by more than delta (where a
-        # move down stops). Clipping the previous bin into [up_S, down_S] is the hysteresis rule;
-        # up_S <= raw_S <= down_S always, and all three are equal when delta = 0.
+        # down_S: the highest bin whose lower edge p is above by more than delta (where a move
+        # down stops), never below the raw bin. Clipping the previous bin into [up_S, down_S] is
+        # the hysteresis rule; up_S <= raw_S <= down_S always, and all three are equal when
+        # delta = 0 (the max with raw_S keeps a p on an edge in the upper bin there).
         up_S = count_cleared(p_S, up_thresholds)
-        down_S = count_cleared(p_S, down_thresholds)
         raw_S = count_cleared(p_S, raw_thresholds)
+        stay_S = jnp.sum(p_S[:, None] > stay_thresholds[None, :], axis=-1, dtype=jnp.int32)
+        down_S = jnp.maximum(stay_S, raw_S)
         bin_S = jnp.where(previous_S < 0, raw_S, jnp.clip(previous_S, up_S, down_S))
 
         return state._replace(

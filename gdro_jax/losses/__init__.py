@@ -17,6 +17,7 @@ group statistics are segment reductions.
 """
 
 from gdro_jax.losses._advantages import (
+    ADVANTAGE_ESTIMATORS,
     GroupStats,
     group_advantages,
     group_statistics,
@@ -31,6 +32,7 @@ from gdro_jax.losses._supervised import masked_cross_entropy
 from gdro_jax.losses._surrogate import SurrogateStats, clipped_surrogate, k3_kl
 
 __all__ = [
+    "ADVANTAGE_ESTIMATORS",
     "AGGREGATIONS",
     "SIGNALS",
     "GroupStats",

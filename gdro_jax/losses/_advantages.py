@@ -8,16 +8,25 @@ which of the `N` prompts each slot belongs to, and prompts may own different num
     A_ij = clip((r_ij - mean_i r) / (std_i r + eps), -clip, clip)      (GRPO, SPEC 2)
     A_ij = clip( r_ij - mean_i r,                     -clip, clip)      (Dr.GRPO)
 
-where `std_i` is the population standard deviation of the group (divide by `n_i`, not `n_i - 1`),
-as in DeepSeekMath's and Dr.GRPO's released code. A group whose rewards are all equal (including a
-group of one) gets advantage exactly 0: it is enforced with a `where`, since `r - mean` can be a
-rounding error away from 0 in float32.
+where, with `estimator="population"`, `std_i` is the population standard deviation of the group
+(divide by `n_i`, not `n_i - 1`). A group whose rewards are all equal (including a group
+of one) gets advantage exactly 0: it is enforced with a `where`, since `r - mean` can be a rounding
+error away from 0 in float32.
+
+`estimator="sample"` (the default, here, in the trainer's `GRPOConfig` and in the simulator)
+computes the group statistics as the authors' released code does, through
+verl's `compute_grpo_outcome_advantage`: the *sample* standard deviation (`torch.std`, divide by
+`n_i - 1`; with 4 rollouts it is 15 % larger, from 1.41x at `n = 2` to 1.04x at `n = 12`), and a
+group of one has mean 0 and std 1, so it keeps its raw reward `r / (1 + eps)` (`r` for Dr.GRPO)
+where the population estimator gives 0. The released code applies no clip: pass `clip=None`.
 
 References:
   Shao et al., 2024, "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language
   Models" (GRPO), arXiv 2402.03300, section 4.1.2 (outcome supervision).
   Liu et al., 2025, "Understanding R1-Zero-Like Training: A Critical Perspective" (Dr.GRPO),
   arXiv 2503.20783, section 3.1.
+  verl, `verl/trainer/ppo/core_algos.py`, `compute_grpo_outcome_advantage` (the released code's
+  GRPO advantages: `estimator="sample"`, `clip=None`).
   Panaganti et al., 2026, arXiv 2601.19280, Prompt-GDRO `reweight` realisation.
 """
 
@@ -31,7 +40,10 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from gdro_jax.losses._segments import segment_mean
-from gdro_jax.losses._validation import check_at_least, check_positive
+from gdro_jax.losses._validation import check_at_least, check_choice, check_positive
+
+# How `group_advantages` estimates each group's mean and standard deviation (see the module doc).
+ADVANTAGE_ESTIMATORS = ("population", "sample")
 
 
 class GroupStats(NamedTuple):
@@ -115,16 +127,25 @@ def group_advantages(
     *,
     normalize_std: bool = True,
     eps: float = 1e-6,
-    clip: float = 5.0,
+    clip: float | None = 5.0,
     valid_R: ArrayLike | None = None,
+    estimator: str = "sample",
 ) -> jax.Array:
     """Group-relative advantages of ragged groups (GRPO, or Dr.GRPO without the std division).
 
         A_ij = clip((r_ij - mean_i r) / (std_i r + eps), -clip, clip)   if normalize_std
         A_ij = clip( r_ij - mean_i r,                     -clip, clip)   otherwise (Dr.GRPO)
 
-    with the population standard deviation `std_i = sqrt(mean_j (r_ij - mean_i r)^2)`. A group
-    whose valid rewards are all equal (a group of one included) gets exactly 0; invalid slots get 0.
+    `estimator` chooses `mean_i` and `std_i` over the group's `n_i` valid slots:
+
+    * `"population"`: `std_i = sqrt(sum_j (r_ij - mean_i r)^2 / n_i)`. A group whose
+      valid rewards are all equal, a group of one included, gets exactly 0.
+    * `"sample"` (default): the released code's (verl's `compute_grpo_outcome_advantage`):
+      `std_i = sqrt(sum_j (r_ij - mean_i r)^2 / (n_i - 1))` (`torch.std`), and a group of one has
+      `mean = 0`, `std = 1`, so it keeps `r / (1 + eps)` (`r` for Dr.GRPO). An all-equal group
+      of two or more still gets exactly 0.
+
+    Invalid slots get 0 under both.
 
     Args:
       rewards_R: float[R] reward of each rollout slot.
@@ -132,28 +153,45 @@ def group_advantages(
       num_prompts: `N`, the static number of segments.
       normalize_std: divide by the group's standard deviation (GRPO) or not (Dr.GRPO).
       eps: `>= 0`, added to the standard deviation.
-      clip: `> 0`, advantages are clipped to `[-clip, clip]` (SPEC 2: 5).
+      clip: `> 0`, advantages are clipped to `[-clip, clip]` (SPEC 2: 5); `None` applies no clip
+        (the released code).
       valid_R: optional bool[R]; invalid slots are left out of the group statistics and get 0.
+      estimator: `"population"` or `"sample"` (see above; one of `ADVANTAGE_ESTIMATORS`).
 
     Returns:
       float32[R] advantages.
 
     Raises:
-      ValueError: naming the parameter when `eps < 0` or `clip <= 0`.
+      ValueError: naming the parameter when `eps < 0`, `clip <= 0` or `estimator` is unknown.
 
     References:
       Shao et al., 2024, arXiv 2402.03300, section 4.1.2; Liu et al., 2025, arXiv 2503.20783,
-      section 3.1 (Dr.GRPO drops the std normalisation); SPEC 2.
+      section 3.1 (Dr.GRPO drops the std normalisation); SPEC 2. verl,
+      `verl/trainer/ppo/core_algos.py`, `compute_grpo_outcome_advantage` (`estimator="sample"`).
     """
     eps = check_at_least("eps", eps, 0.0)
-    clip = check_positive("clip", clip)
+    if clip is not None:
+        clip = check_positive("clip", clip)
+    check_choice("estimator", estimator, ADVANTAGE_ESTIMATORS)
     rewards_R, prompt_of_slot_R, valid_R = _slot_inputs(rewards_R, prompt_of_slot_R, valid_R)
     stats = group_statistics(rewards_R, prompt_of_slot_R, num_prompts, valid_R=valid_R)
-    adv_R = rewards_R - stats.mean_N[prompt_of_slot_R]
+    mean_N, std_N = stats.mean_N, stats.std_N
+    keep_N = stats.informative_N
+    if estimator == "sample":
+        count_N = stats.count_N.astype(jnp.float32)
+        single_N = stats.count_N == 1
+        # Bessel's correction of the population std; verl's group of one has mean 0 and std 1.
+        sample_std_N = std_N * jnp.sqrt(count_N / jnp.maximum(count_N - 1.0, 1.0))
+        mean_N = jnp.where(single_N, 0.0, mean_N)
+        std_N = jnp.where(single_N, 1.0, sample_std_N)
+        keep_N = keep_N | single_N
+    adv_R = rewards_R - mean_N[prompt_of_slot_R]
     if normalize_std:
-        adv_R = adv_R / (stats.std_N[prompt_of_slot_R] + eps)
-    keep_R = valid_R & stats.informative_N[prompt_of_slot_R]
-    return jnp.where(keep_R, jnp.clip(adv_R, -clip, clip), 0.0)
+        adv_R = adv_R / (std_N[prompt_of_slot_R] + eps)
+    if clip is not None:
+        adv_R = jnp.clip(adv_R, -clip, clip)
+    keep_R = valid_R & keep_N[prompt_of_slot_R]
+    return jnp.where(keep_R, adv_R, 0.0)
 
 
 def weighted_advantages(

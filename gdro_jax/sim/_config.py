@@ -21,7 +21,7 @@ _LOSS_SIGNALS = ("failure_rate", "surrogate")
 _RESERVED = {
     "classifier": ("num_prompts",),
     "prompt_gdro": ("num_bins",),
-    "rollout_gdro": ("num_bins", "n_mean"),
+    "rollout_gdro": ("num_bins", "n_mean", "reward_values"),
 }
 
 
@@ -49,13 +49,16 @@ class SimConfig:
       reward_correct: reward of a correct rollout (SPEC 2: +1).
       reward_wrong: reward of a wrong rollout (SPEC 2: -1; 0 for {0, 1} rewards).
       scale_by_std: GRPO advantages (True) or Dr.GRPO's unscaled ones (False).
+      advantage_estimator: the group std, "sample" (the released code's N-1, as the trainer) or
+        "population" (see `gdro_jax.losses.group_advantages`).
       loss_signal: Prompt-GDRO's per-prompt loss, "failure_rate" (1 - mean correctness) or
         "surrogate" (minus the prompt's mean advantage, the released code's signal at ratio 1;
         it is zero up to rounding, which is the point of offering it: see SPEC 4).
       eval_k: k of the exact held-out pass@k.
       classifier: keyword arguments of `passk_classifier` (not `num_prompts`).
       prompt_gdro: keyword arguments of `prompt_gdro` (not `num_bins`).
-      rollout_gdro: keyword arguments of `rollout_gdro` (not `num_bins`, `n_mean`).
+      rollout_gdro: keyword arguments of `rollout_gdro` (not `num_bins`, `n_mean`,
+        `reward_values`: those come from the fields above).
     """
 
     steps: int = 300
@@ -73,6 +76,7 @@ class SimConfig:
     reward_correct: float = 1.0
     reward_wrong: float = -1.0
     scale_by_std: bool = True
+    advantage_estimator: str = "sample"
     loss_signal: str = "failure_rate"
     eval_k: int = 8
     classifier: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -80,6 +84,11 @@ class SimConfig:
     rollout_gdro: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
+        if self.advantage_estimator not in ("sample", "population"):
+            raise ValueError(
+                "advantage_estimator must be 'sample' or 'population', got "
+                f"advantage_estimator={self.advantage_estimator!r}"
+            )
         for name in ("steps", "num_prompts", "n_mean", "num_levels", "heldout_per_level", "eval_k"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

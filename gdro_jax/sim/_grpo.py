@@ -8,7 +8,8 @@ For prompt i with rollouts j, rewards r_ij and success y_ij in {0, 1}, the GRPO 
 
     A_ij = clip((r_ij - mean_i r) / (std_i r + eps), -clip, clip)      (SPEC 2)
 
-(`std` is the population standard deviation of the group; Dr.GRPO drops the division). With
+(`std` is the group's sample standard deviation as in the released code, the trainer's
+`losses.group_advantages`; Dr.GRPO drops the division). With
 per-prompt multipliers w_i (Prompt-GDRO's reweighting), the policy gradient of one step is
 
     g = (1/R) sum_i sum_j w_i A_ij grad log P(y_ij; theta),
@@ -57,7 +58,8 @@ def grpo_policy_gradient(
     reward_wrong: float = -1.0,
     scale_by_std: bool = True,
     eps: float = 1e-6,
-    clip: float = 5.0,
+    clip: float | None = 5.0,
+    estimator: str = "sample",
 ) -> tuple[jax.Array, RolloutStats]:
     """The exact GRPO policy gradient (ascent direction) of one step of the skill-chain learner.
 
@@ -73,6 +75,8 @@ def grpo_policy_gradient(
       scale_by_std: GRPO (True) or Dr.GRPO (False) advantages.
       eps: see `gdro_jax.losses.group_advantages`.
       clip: see `gdro_jax.losses.group_advantages`.
+      estimator: `"sample"` (the released code's) or `"population"`, see
+        `gdro_jax.losses.group_advantages`.
 
     Returns:
       `(grad_L, stats)`: float32[L] gradient of `(1/R) sum_ij sg(w_i A_ij) log P(y_ij; theta)`,
@@ -90,7 +94,13 @@ def grpo_policy_gradient(
     reward_R = jnp.where(success_R, reward_correct, reward_wrong).astype(jnp.float32)
     # The trainer's advantages (gdro_jax.losses), so the simulator and the trainer agree on GRPO.
     advantage_R = losses.group_advantages(
-        reward_R, slot_R, num_prompts, normalize_std=scale_by_std, eps=eps, clip=clip
+        reward_R,
+        slot_R,
+        num_prompts,
+        normalize_std=scale_by_std,
+        eps=eps,
+        clip=clip,
+        estimator=estimator,
     )
     group = losses.group_statistics(reward_R, slot_R, num_prompts)
     adv_success_N = jax.ops.segment_sum(

@@ -136,7 +136,15 @@ def make_simulator(config: SimConfig, *, fast_compile: bool = False) -> Simulato
     classifier = passk_classifier(config.pool_size, **config.classifier)
     num_bins = classifier.num_bins
     prompt_adversary = prompt_gdro(num_bins=num_bins, **config.prompt_gdro)
-    rollout_adversary = rollout_gdro(num_bins=num_bins, n_mean=config.n_mean, **config.rollout_gdro)
+    rollout_adversary = rollout_gdro(
+        num_bins=num_bins,
+        **{
+            "n_mean": config.n_mean,
+            # The Bernoulli proxies scale with the reward's range, as in the trainer.
+            "reward_values": (config.reward_wrong, config.reward_correct),
+            **config.rollout_gdro,
+        },
+    )
     optimizer = _optimizer(config)
     num_prompts, num_slots, num_levels = config.num_prompts, config.num_slots, config.num_levels
     pool_counts_L = config.pool_counts
@@ -217,6 +225,7 @@ def make_simulator(config: SimConfig, *, fast_compile: bool = False) -> Simulato
                 reward_correct=config.reward_correct,
                 reward_wrong=config.reward_wrong,
                 scale_by_std=config.scale_by_std,
+                estimator=config.advantage_estimator,
             )
             updates_L, opt_state = optimizer.update(-grad_L, state.opt_state, state.theta)
             theta_L = optax.apply_updates(state.theta, updates_L)

@@ -61,8 +61,12 @@ def build_controllers(
             "rollout_gdro",
             controllers.rollout_gdro,
             classifier.num_bins,
-            n_mean=config.n_mean,
-            **config.rollout_gdro.to_dict(),
+            **{
+                "n_mean": config.n_mean,
+                # The Bernoulli proxies scale with the reward's range (x4 for -1/+1, x1 for 0/1).
+                "reward_values": tuple(config.reward_values),
+                **config.rollout_gdro.to_dict(),
+            },
         )
     gdro = controllers.multi_adversary(classifier, prompt, rollout, n_mean=config.n_mean)
     return gdro, prompt

@@ -37,7 +37,12 @@ class GRPOConfig:
     aggregation: str = "token_mean"  # see gdro_jax.losses.AGGREGATIONS
     kl_coef: float = 0.0  # beta; 0 builds and runs no reference model
     normalize_std: bool = True  # False: Dr.GRPO advantages
-    advantage_clip: float = 5.0
+    # "sample": the released code's (verl) N-1 std, a group of one keeps its reward; "population":
+    # the N std, a group of one gets 0. See losses.group_advantages.
+    advantage_estimator: str = "sample"
+    # SPEC 2's 5 never binds for binary rewards with n_i <= 12 (|A| <= (n-1)/sqrt(n) = 3.2); None
+    # applies no clip, as the released code.
+    advantage_clip: float | None = 5.0
     loss_signal: str = "failure_rate"  # Prompt-GDRO's per-prompt signal, see losses.SIGNALS
     temperature: float = 1.0  # sampling temperature; log-probs are taken under it
 
@@ -51,6 +56,11 @@ class GRPOConfig:
             raise ValueError(
                 f"aggregation must be one of {losses.AGGREGATIONS}, got "
                 f"aggregation={self.aggregation!r}"
+            )
+        if self.advantage_estimator not in losses.ADVANTAGE_ESTIMATORS:
+            raise ValueError(
+                f"advantage_estimator must be one of {losses.ADVANTAGE_ESTIMATORS}, got "
+                f"advantage_estimator={self.advantage_estimator!r}"
             )
         if self.loss_signal not in losses.SIGNALS:
             raise ValueError(
@@ -203,6 +213,7 @@ def make_update(
             num_prompts,
             normalize_std=config.normalize_std,
             clip=config.advantage_clip,
+            estimator=config.advantage_estimator,
         )
         weighted_adv_R = losses.weighted_advantages(adv_R, prompt_of_slot, plan.advantage_weights)
         # Mini-batches are random subsets of slots: groups were normalised over all R slots above.

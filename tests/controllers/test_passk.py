@@ -58,6 +58,9 @@ class ReferenceClassifier:
         assert gap == 0 or gap > _MARGIN, f"ill-posed comparison {float(p)} vs {float(threshold)}"
         return p >= threshold
 
+    def at_or_below(self, p, threshold):
+        return self.at_or_above(-p, -threshold)
+
     def raw_bin(self, p):
         return sum(self.at_or_above(p, e) for e in self.edges)
 
@@ -83,12 +86,15 @@ class ReferenceClassifier:
             if prompt not in self.last_bin:
                 self.last_bin[prompt] = self.raw_bin(p)
                 continue
-            previous = self.last_bin[prompt]
+            # SPEC 3, the released code's tie rule: up when p >= edge + delta, down when
+            # p <= edge - delta (a tie moves), each edge crossed tested; never below the raw bin
+            # (which only matters at delta = 0, where a p on an edge belongs above it).
+            previous, raw = self.last_bin[prompt], self.raw_bin(p)
             new = previous
             while new < len(self.edges) and self.at_or_above(p, self.edges[new] + self.delta):
                 new += 1
             if new == previous:
-                while new > 0 and not self.at_or_above(p, self.edges[new - 1] - self.delta):
+                while new > raw and self.at_or_below(p, self.edges[new - 1] - self.delta):
                     new -= 1
             self.last_bin[prompt] = new
 
@@ -229,6 +235,36 @@ def test_default_hyperparameters_match_reference_with_exact_ties():
     assert on_edge > 0, "the sequence never put a p_hat exactly on an edge"
     expected = [reference.last_bin.get(i, -1) for i in range(NUM_PROMPTS)]
     np.testing.assert_array_equal(np.asarray(state.last_bin), expected)
+
+
+def test_hysteresis_holds_bins_and_a_tie_at_edge_plus_or_minus_delta_moves():
+    # One prompt, window 1, mean accuracy of 20 rollouts: p_hat is the last visit's c / 20.
+    # Decile edges, delta = 0.1. SPEC 3 (the released code's tie rule): up when p >= e + delta,
+    # down when p <= e - delta; a tie moves.
+    correct = [11, 9, 8, 11, 12, 7, 6]  # p_hat 0.55, 0.45, 0.40, 0.55, 0.60, 0.35, 0.30
+    raw = [5, 4, 4, 5, 6, 3, 3]
+    expected = [
+        5,  # first visit: the raw bin
+        5,  # 0.45 > 0.5 - 0.1: held in bin 5 (raw 4)
+        4,  # 0.40 = 0.5 - 0.1: the tie moves down
+        4,  # 0.55 < 0.5 + 0.1: held in bin 4 (raw 5)
+        5,  # 0.60 = 0.5 + 0.1: the tie moves up past 0.5, not past 0.6 (raw 6)
+        4,  # 0.35 <= 0.4: down past 0.5; 0.35 > 0.4 - 0.1: held above 0.4 (raw 3)
+        3,  # 0.30 = 0.4 - 0.1: the tie moves down
+    ]
+    reference = ReferenceClassifier(DEFAULT_EDGES, 1, "mean_accuracy", 8, 0.1, "hardest")
+    for delta, want in ((0.1, expected), (0.0, raw)):
+        classifier = passk_classifier(1, window=1, statistic="mean_accuracy", hysteresis=delta)
+        update = jax.jit(classifier.update)
+        state, got = classifier.init(), []
+        for c in correct:
+            state = update(state, jnp.array([0]), num_correct=jnp.array([c]), num_rollouts=20)
+            got.append(int(classifier.bins(state, jnp.array([0]))[0]))
+            if delta:
+                reference.update([0], [c], [20], [True])
+                assert reference.bins(0) == got[-1]
+        assert got == want, f"hysteresis={delta}"
+    assert expected != raw, "hysteresis should change some bins"
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 8, 16])

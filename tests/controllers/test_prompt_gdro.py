@@ -195,9 +195,7 @@ def test_weights_have_mean_one_over_responses_and_respect_the_cap():
     np.testing.assert_allclose(w, expected, rtol=1e-6)
     assert np.average(w, weights=num_rollouts) == pytest.approx(1.0, rel=1e-6)
     capped = prompt_gdro(num_bins=3, eta=5.0, max_weight=2.0, clip=None)
-    state = capped.update(
-        capped.init(), jnp.array([0, 1, 2]), losses=jnp.array([10.0, 0.0, 0.0])
-    )
+    state = capped.update(capped.init(), jnp.array([0, 1, 2]), losses=jnp.array([10.0, 0.0, 0.0]))
     w = np.asarray(capped.weights(state, jnp.array([0, 1, 2, 1, 2, 1])))
     assert w.max() == pytest.approx(2.0)
     # The uniform adversary is plain GRPO: every multiplier is exactly one.

@@ -58,7 +58,13 @@ NUM_PROMPTS = 6
 @functools.partial(jax.jit, static_argnames=("num_prompts", "normalize_std", "clip"))
 def jitted_advantages(rewards, slots, valid, num_prompts, normalize_std, clip=5.0):
     return group_advantages(
-        rewards, slots, num_prompts, normalize_std=normalize_std, clip=clip, valid_R=valid
+        rewards,
+        slots,
+        num_prompts,
+        normalize_std=normalize_std,
+        clip=clip,
+        valid_R=valid,
+        estimator="population",
     )
 
 
@@ -124,7 +130,7 @@ def test_weights_multiply_each_slot_by_its_prompts_weight():
 
 
 def test_jit_equals_eager():
-    eager = group_advantages(REWARDS, SLOTS, NUM_PROMPTS, valid_R=VALID)
+    eager = group_advantages(REWARDS, SLOTS, NUM_PROMPTS, valid_R=VALID, estimator="population")
     jitted = jitted_advantages(REWARDS, SLOTS, VALID, NUM_PROMPTS, True)
     np.testing.assert_allclose(np.asarray(eager), np.asarray(jitted), rtol=1e-6, atol=1e-7)
 
@@ -177,3 +183,109 @@ def test_slots_sharded_over_eight_devices_give_the_same_advantages():
         rewards, slots, 5, normalize_std=True, eps=1e-6, clip=5.0, valid=valid
     )
     np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-5, atol=1e-6)
+
+
+# --- The released code's estimator: verl's compute_grpo_outcome_advantage.
+
+
+def released_grpo_advantages(scores, index, *, norm_adv_by_std_in_grpo, epsilon=1e-6):
+    """verl's `compute_grpo_outcome_advantage` written out with numpy: per prompt id, a group of
+    one gets mean 0 and std 1, a larger group its mean and `torch.std` (sample, N - 1); no clip."""
+    scores = np.asarray(scores, np.float64)
+    id2score = {}
+    for i, idx in enumerate(index):
+        id2score.setdefault(int(idx), []).append(scores[i])
+    id2mean, id2std = {}, {}
+    for idx, group in id2score.items():
+        if len(group) == 1:
+            id2mean[idx], id2std[idx] = 0.0, 1.0
+        else:
+            id2mean[idx] = np.mean(group)
+            id2std[idx] = np.std(group, ddof=1)
+    out = np.zeros_like(scores)
+    for i, idx in enumerate(index):
+        out[i] = scores[i] - id2mean[int(idx)]
+        if norm_adv_by_std_in_grpo:
+            out[i] /= id2std[int(idx)] + epsilon
+    return out
+
+
+@functools.partial(jax.jit, static_argnames=("num_prompts", "normalize_std"))
+def released_advantages(rewards, slots, valid, num_prompts, normalize_std):
+    return group_advantages(
+        rewards,
+        slots,
+        num_prompts,
+        normalize_std=normalize_std,
+        clip=None,
+        valid_R=valid,
+        estimator="sample",
+    )
+
+
+@pytest.mark.parametrize("normalize_std", [True, False])
+def test_sample_estimator_without_clip_matches_the_released_code(normalize_std):
+    # REWARDS has a group of one (prompt 2) and an all-equal group (prompt 1); a lone success in
+    # a group of 31 (prompt 6) gets 30 / sqrt(31) = 5.39 from the sample std, above the clip of 5.
+    slots = np.concatenate([SLOTS[VALID], np.full(31, 6, np.int32)])
+    rewards = np.concatenate([REWARDS[VALID], np.array([1.0] + [0.0] * 30, np.float32)])
+    valid = np.ones(len(slots), bool)
+    expected = released_grpo_advantages(rewards, slots, norm_adv_by_std_in_grpo=normalize_std)
+    got = np.asarray(released_advantages(rewards, slots, valid, 7, normalize_std))
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    assert got[slots == 2][0] != 0.0  # the group of one keeps its raw reward
+    assert np.all(got[slots == 1] == 0.0)  # an all-equal group gets exactly 0
+    if normalize_std:
+        assert got[slots == 6][0] > 5.3  # unclipped
+
+
+def test_sample_std_is_the_population_std_times_sqrt_n_over_n_minus_1():
+    # One success in a group of n: the population advantage over the sample one is
+    # sqrt(n / (n - 1)), 1.41 at n = 2 down to 1.04 at n = 12 (Rollout-GDRO's range).
+    sizes = np.arange(2, 13)
+    slots = np.repeat(np.arange(len(sizes)), sizes).astype(np.int32)
+    rewards = np.concatenate([[1.0] + [-1.0] * (n - 1) for n in sizes]).astype(np.float32)
+    valid = np.ones(len(slots), bool)
+    first = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    population = np.asarray(jitted_advantages(rewards, slots, valid, len(sizes), True, clip=100.0))
+    sample = np.asarray(released_advantages(rewards, slots, valid, len(sizes), True))
+    np.testing.assert_allclose(
+        population[first] / sample[first], np.sqrt(sizes / (sizes - 1)), rtol=1e-5
+    )
+
+
+def test_default_estimator_is_the_released_sample_one():
+    default = group_advantages(REWARDS, SLOTS, NUM_PROMPTS, valid_R=VALID)
+    sample = group_advantages(REWARDS, SLOTS, NUM_PROMPTS, valid_R=VALID, estimator="sample")
+    population = group_advantages(
+        REWARDS, SLOTS, NUM_PROMPTS, valid_R=VALID, estimator="population"
+    )
+    np.testing.assert_array_equal(np.asarray(default), np.asarray(sample))
+    assert not np.array_equal(np.asarray(default), np.asarray(population))
+
+
+def test_unknown_estimator_raises_naming_it():
+    with pytest.raises(ValueError, match="estimator='torch'"):
+        group_advantages(REWARDS, SLOTS, NUM_PROMPTS, estimator="torch")
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    data=st.lists(
+        st.tuples(st.integers(0, 5), st.sampled_from([-1.0, 0.0, 0.5, 1.0]), st.booleans()),
+        min_size=16,
+        max_size=16,
+    ),
+    normalize_std=st.booleans(),
+)
+def test_random_ragged_groups_match_the_released_code(data, normalize_std):
+    slots = np.array([d[0] for d in data], np.int32)
+    rewards = np.array([d[1] for d in data], np.float32)
+    valid = np.array([d[2] for d in data])
+    # The released code has no mask: its batch is the valid slots only; invalid slots get 0 here.
+    expected = np.zeros(len(slots))
+    expected[valid] = released_grpo_advantages(
+        rewards[valid], slots[valid], norm_adv_by_std_in_grpo=normalize_std
+    )
+    got = released_advantages(rewards, slots, valid, 6, normalize_std)
+    np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-5, atol=1e-5)

@@ -37,14 +37,14 @@ def reference_success_prob(theta_L, level_P, offset_P):
 
 
 def reference_advantages(reward_R, slot_R, num_prompts, scale_by_std, eps=1e-6, clip=5.0):
-    """GRPO advantages group by group in float64 numpy."""
+    """GRPO advantages group by group in float64 numpy, with the released code's sample std."""
     advantage_R = np.zeros(len(reward_R))
     for prompt in range(num_prompts):
         members = np.flatnonzero(slot_R == prompt)
         rewards = np.asarray(reward_R, np.float64)[members]
         centred = rewards - rewards.mean()
         if scale_by_std:
-            centred = centred / (rewards.std() + eps)
+            centred = centred / (rewards.std(ddof=1) + eps)  # groups here have n >= 2
         advantage_R[members] = np.clip(centred, -clip, clip)
     return advantage_R
 
@@ -264,6 +264,14 @@ def test_trace_is_well_formed_and_methods_share_random_numbers(runs):
     assert not np.allclose(outputs["gdro_both"].final_theta, outputs["grpo"].final_theta)
 
 
+def test_prompt_gdro_reweighting_changes_the_final_parameters(runs):
+    # Prompt-GDRO draws the same prompts and rollout counts as GRPO (common random numbers); only
+    # its advantage multipliers differ, so different parameters show that they reached the step.
+    outputs = runs["outputs"]
+    gap = np.abs(outputs["prompt_gdro"].final_theta - outputs["grpo"].final_theta).max()
+    assert gap > 1e-3, gap
+
+
 def test_vmap_over_seeds_equals_each_seed_alone(runs):
     simulator, keys = runs["simulator"], runs["keys"]
     batched = runs["outputs"]["gdro_both"]
@@ -322,3 +330,17 @@ def test_surrogate_loss_signal_is_zero_at_ratio_one_so_q_stays_uniform():
     present = np.asarray(output.trace.bin_count) > 0
     uniform = present / present.sum(-1, keepdims=True)
     np.testing.assert_allclose(output.trace.q, uniform, atol=1e-5)
+
+
+def test_the_rollout_proxy_scales_with_the_configs_rewards():
+    # The Bernoulli proxy is (r_hi - r_lo)^2 p(1 - p): 4x larger for -1/+1 rewards than for 0/1.
+    # GRPO's standardised advantages do not see the affine change, so the first steps decide the
+    # same and the logged per-bin proxies differ by exactly that factor.
+    outputs = {}
+    for wrong in (-1.0, 0.0):
+        config = dataclasses.replace(TINY, reward_wrong=wrong, steps=3)
+        simulator = sim.make_simulator(config, fast_compile=True)
+        outputs[wrong] = simulator.run(sim.method_flags("rollout_gdro"), sim.seed_keys(1))
+    pm_one, zero_one = (np.asarray(outputs[w].trace.variance) for w in (-1.0, 0.0))
+    assert zero_one.max() <= 0.25 + 1e-6
+    np.testing.assert_allclose(pm_one, 4.0 * zero_one, rtol=1e-5)
