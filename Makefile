@@ -1,37 +1,44 @@
-# Set-up and entry points. `make demo` and `make test` each create .venv if it is missing.
+# Set-up and entry points. Every target creates .venv if it is missing. `make demo`, `make sim`
+# and `make bench` install the runtime dependencies only; `make test` (and lint) add the `test`
+# extra, whose pinned CPU torch is for the transformers parity tests.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+RUNTIME := $(VENV)/.installed-runtime
+TESTING := $(VENV)/.installed-test
 
 .PHONY: demo sim test lint format bench clean
 
-$(STAMP): pyproject.toml
+$(RUNTIME): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e .
+	@touch $(RUNTIME)
+
+$(TESTING): $(RUNTIME)
 	$(PY) -m pip install -q -e '.[test]'
-	@touch $(STAMP)
+	@touch $(TESTING)
 
 # The miniature study: warm start (reused when present), RL per method, held-out table, plots.
-demo: $(STAMP)
+demo: $(RUNTIME)
 	$(PY) -m experiments.demo --config=experiments/configs/demo.py --workdir=runs/demo
 
 # The controller-dynamics simulation (about 20 s).
-sim: $(STAMP)
+sim: $(RUNTIME)
 	$(PY) -m experiments.simulate_controllers --config=experiments/configs/sim_default.py --workdir=runs/sim_demo
 
-test: $(STAMP)
+test: $(TESTING)
 	$(PY) -m pytest -q tests
 
-lint: $(STAMP)
+lint: $(TESTING)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-format: $(STAMP)
+format: $(TESTING)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-bench: $(STAMP)
+bench: $(RUNTIME)
 	$(PY) -m benchmarks.controllers
 
 clean:

@@ -30,10 +30,11 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
     del argv
     try:
-        train.train(_CONFIG.value, _WORKDIR.value)
+        result = train.train(_CONFIG.value, _WORKDIR.value)
     except train.TrainingInterrupted as stop:
         logging.warning("%s", stop)
         sys.exit(128 + stop.signum)
+    print(train.describe_outputs(result, _WORKDIR.value))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 import matplotlib.pyplot as plt
 import numpy as np
 
+from gdro_jax.controllers import METHODS
 from gdro_jax.sim._config import SimConfig
 from gdro_jax.sim._plots import (
     plot_controller_signals,
@@ -75,9 +76,17 @@ def run_experiment(config: Mapping[str, Any], workdir: str) -> ExperimentResult:
     methods = config["methods"]
     if isinstance(methods, str):
         methods = [m.strip() for m in methods.split(",") if m.strip()]
+    # An unknown or missing method is refused before the workdir exists.
+    unknown = [method for method in methods if method not in METHODS]
+    if unknown or not methods:
+        raise ValueError(
+            f"methods must be names from {tuple(METHODS)}, got methods={config['methods']!r}"
+        )
     num_seeds = int(config["seeds"])
     if num_seeds < 1:
         raise ValueError(f"seeds must be >= 1, got seeds={num_seeds}")
+    if os.path.exists(workdir) and not os.path.isdir(workdir):
+        raise ValueError(f"workdir={workdir!r} is a file; pass a folder")
     os.makedirs(workdir, exist_ok=True)
 
     start = time.perf_counter()

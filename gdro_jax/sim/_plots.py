@@ -134,8 +134,10 @@ def plot_final_by_level(
         )
     ax.set_xticks(x, labels)
     ax.set_ylim(0.0, 1.0)
-    ax.set_ylabel(f"final {metric}")
-    ax.legend(fontsize="small", ncols=len(methods), loc="lower center", bbox_to_anchor=(0.5, 1.0))
+    ax.set_xlabel("level (pooled: mean over levels; natural: weighted by the pool's level shares)")
+    ax.set_ylabel(f"final held-out {metric}")
+    ax.set_title(f"Final held-out {metric} per level, mean over seeds with 95% intervals")
+    ax.legend(fontsize="small", ncols=len(methods), loc="upper right")
     ax.grid(axis="y", alpha=0.3)
     return fig
 
@@ -143,18 +145,21 @@ def plot_final_by_level(
 def plot_controller_signals(outputs: Mapping[str, SimOutput], smooth: int = 5) -> Figure:
     """Four panels over steps, methods overlaid: mu, lead-lag gap, informative groups, reward."""
     fields = (
-        ("mu", "Rollout-GDRO shadow price mu"),
-        ("lead_lag_gap", "lead-lag gap sum_b b (q - share)"),
-        ("informative_fraction", "groups with non-zero advantage"),
-        ("mean_reward", "mean reward"),
+        ("mu", "Rollout-GDRO shadow price mu", "mu"),
+        ("lead_lag_gap", "lead-lag gap sum_b b (q - share)", "gap (bins)"),
+        ("informative_fraction", "groups with non-zero advantage", "fraction of groups"),
+        ("mean_reward", "mean reward", "reward"),
     )
     fig, axes = _panels(len(fields))
-    for ax, (field, title) in zip(axes, fields, strict=True):
+    for ax, (field, title, ylabel) in zip(axes, fields, strict=True):
         for method, output in outputs.items():
             values_T = np.asarray(getattr(output.trace, field), np.float64).mean(axis=0)
             ax.plot(_smooth(values_T, smooth), label=method)
         ax.set_title(title)
         ax.set_xlabel("step")
+        ax.set_ylabel(f"{ylabel} (mean over seeds, smoothed over {smooth})")
         ax.grid(alpha=0.3)
-    axes[-1].legend(fontsize="small")
+    # One legend for every panel: the methods are the same lines in each.
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=len(labels), fontsize="small")
     return fig

@@ -26,7 +26,7 @@ from gdro_jax.train._components import (
 )
 from gdro_jax.train._export import policy_from_checkpoint
 from gdro_jax.train._guards import NonFiniteStepsError, RewardError, validate_config
-from gdro_jax.train._loop import run_step, train
+from gdro_jax.train._loop import describe_outputs, run_step, train
 from gdro_jax.train._metrics import MetricsWriter, read_metrics, step_metrics
 from gdro_jax.train._preemption import TrainingInterrupted
 from gdro_jax.train._rollouts import Rollouts, sample_rollouts
@@ -49,6 +49,7 @@ __all__ = [
     "build_controllers",
     "build_run",
     "checkpoint_manager",
+    "describe_outputs",
     "init_train_state",
     "make_optimizer",
     "make_update",

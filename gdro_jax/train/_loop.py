@@ -155,6 +155,34 @@ def train(
     return dict(summary, state=state, run=run)
 
 
+def describe_outputs(result: dict[str, Any], workdir: str | os.PathLike) -> str:
+    """A few lines for the end of a run: steps, final reward and accuracy, where outputs went.
+
+    Args:
+      result: what `train` returned.
+      workdir: the run's work directory.
+    """
+    final = result.get("final", {})
+    numbers = ", ".join(
+        f"{name} {final[name]:.3f}" for name in ("reward", "accuracy") if name in final
+    )
+    lines = [
+        f"{result['method']}: {result['completed_steps']} of {result['steps']} steps done"
+        + (f"; last step: {numbers}" if numbers else "")
+    ]
+    for name, what in (
+        ("metrics.jsonl", "per-step metrics"),
+        ("tb", "TensorBoard events (tensorboard --logdir ...)"),
+        ("checkpoints", "checkpoints (rerun the same command to resume)"),
+        (MODEL_DIR, "the final policy, an HF folder with its tokenizer"),
+        ("summary.json", "this summary"),
+    ):
+        path = os.path.join(os.fspath(workdir), name)
+        if os.path.exists(path):
+            lines.append(f"  {path}: {what}")
+    return "\n".join(lines)
+
+
 def _train_loop(
     run: Run,
     config: ml_collections.ConfigDict,

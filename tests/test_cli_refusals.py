@@ -1,0 +1,70 @@
+"""User errors at the command line: one line naming the flag and the fix, before any side effect.
+
+Each case runs a real entry point in a subprocess and asserts its exit status 2, a single-line
+message on stderr without a traceback, and that the work directory was not created (or, for a
+file given as the work directory, left byte for byte as it was).
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TRAIN = ("experiments.train", "--config=experiments/configs/tiny_cpu.py")
+SIM = ("experiments.simulate_controllers", "--config=experiments/configs/sim_tiny.py")
+
+
+def _run(module, *argv, env=None):
+    return subprocess.run(
+        [sys.executable, "-m", module, *argv],
+        cwd=REPO_ROOT,
+        env=dict(os.environ, JAX_PLATFORMS="cpu", **(env or {})),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def _one_line_error(completed, *fragments):
+    assert completed.returncode == 2, completed.stderr[-2000:]
+    lines = [line for line in completed.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, completed.stderr[-2000:]
+    assert lines[0].startswith("error: ") and "Traceback" not in completed.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragments"),
+    [
+        ((*TRAIN, "--config.method=foo"), ("config.method", "'foo'", "gdro_both")),
+        ((*SIM, "--config.methods=foo"), ("methods", "'foo'", "grpo")),
+        (("experiments.train", "--config=experiments/configs/nope.py"), ("nope.py", "no such")),
+    ],
+    ids=["unknown-method", "unknown-sim-method", "missing-config-file"],
+)
+def test_a_refused_command_writes_nothing(tmp_path, argv, fragments):
+    workdir = tmp_path / "run"
+    completed = _run(argv[0], *argv[1:], f"--workdir={workdir}")
+    _one_line_error(completed, *fragments)
+    assert not workdir.exists()
+
+
+@pytest.mark.parametrize("argv", [TRAIN, SIM], ids=["train", "simulate"])
+def test_a_workdir_that_is_a_file_is_refused_and_left_alone(tmp_path, argv):
+    workdir = tmp_path / "notes.txt"
+    workdir.write_text("mine\n")
+    completed = _run(argv[0], *argv[1:], f"--workdir={workdir}")
+    _one_line_error(completed, "--workdir=", "is a file")
+    assert workdir.read_text() == "mine\n"
+
+
+def test_debug_variable_brings_the_traceback_back(tmp_path):
+    completed = _run(*TRAIN, "--config.method=foo", f"--workdir={tmp_path / 'run'}",
+                     env={"GDRO_DEBUG": "1"})  # fmt: skip
+    assert completed.returncode != 0
+    assert "Traceback" in completed.stderr and "config.method" in completed.stderr
+    assert not (tmp_path / "run").exists()
