@@ -1,24 +1,36 @@
-"""`experiments/evaluate.py` end to end: a tiny random Qwen3 with a tokenizer trained in the test,
-10 MATH500 problems, 2 samples each; and `load_policy`'s errors for folders that are not
-policies.
+"""`experiments/evaluate.py` end to end.
+
+- A math policy: a tiny random Qwen3 with a tokenizer trained in the test, 10 MATH500 problems,
+  2 samples each; the report and the saved completions.
+- A chain-task policy: a 2-step training run of the smallest trainer config, evaluated from its
+  work directory and from its `model/` folder on the task's test split.
+- Refusals: one line on stderr, exit status 2, and `--out` untouched.
+- `load_policy`'s errors for folders that are not policies, and the `auto` dtype.
 
 The entry point runs as a subprocess: parsing absl flags in this process would also run the
 required-flag validators of the other entry points that tests import.
 """
 
+import collections
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import pytest
+from flax import nnx
 
-from gdro_jax import data, models
+from gdro_jax import data, models, rewards, tasks, train
 from gdro_jax import eval as evaluation
+from tests.train.configs import small_run_config
 
 NUM_PROBLEMS = 10
 NUM_SAMPLES = 2
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -38,26 +50,36 @@ def policy_dir(math500, tmp_path_factory):
     return path
 
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+@pytest.fixture(scope="module")
+def chain_run(tmp_path_factory):
+    """A finished 2-step chain-task training run (2 test problems per level, 8 levels)."""
+    workdir = tmp_path_factory.mktemp("chain") / "run"
+    train.train(small_run_config(steps=2), workdir)
+    return workdir
 
 
-def _run(argv):
-    environment = dict(os.environ, JAX_PLATFORMS="cpu")
+def _evaluate(argv, *, status=0):
     completed = subprocess.run(
         [sys.executable, "-m", "experiments.evaluate", *argv],
         cwd=REPO_ROOT,
-        env=environment,
+        env=dict(os.environ, JAX_PLATFORMS="cpu"),
         capture_output=True,
         text=True,
         timeout=600,
     )
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    return completed.stdout
+    assert completed.returncode == status, completed.stderr[-3000:]
+    return completed
 
 
-def test_main_writes_the_report(policy_dir, data_dir, math500, tmp_path):
+def _snapshot(folder: Path) -> dict[str, bytes] | None:
+    if not folder.exists():
+        return None
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_main_writes_the_report_and_the_completions(policy_dir, data_dir, math500, tmp_path):
     out = tmp_path / "eval"
-    printed = _run(
+    printed = _evaluate(
         [
             f"--policy={policy_dir}",
             f"--out={out}",
@@ -68,9 +90,8 @@ def test_main_writes_the_report(policy_dir, data_dir, math500, tmp_path):
             "--max_new_tokens=16",
             "--batch_size=5",
             "--num_workers=1",
-            "--dtype=float32",
         ]
-    )
+    ).stdout
     report = json.loads((out / "report.json").read_text())
     assert report["num_samples"] == NUM_SAMPLES
     assert list(report["benchmarks"]) == ["math500"]
@@ -97,7 +118,117 @@ def test_main_writes_the_report(policy_dir, data_dir, math500, tmp_path):
     assert f"| math500 | {NUM_PROBLEMS} |" in markdown
     assert "| bin | problems | mean@2 | pass@1 | pass@2 |" in markdown
     assert markdown in printed
-    assert len((out / "samples.jsonl").read_text().splitlines()) == NUM_PROBLEMS
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == NUM_PROBLEMS
+
+    # Each problem's text, and each completion's text, extracted answer and verdict.
+    lines = (out / "completions.jsonl").read_text().splitlines()
+    saved = [json.loads(line) for line in lines]
+    assert [(e["benchmark"], e["id"]) for e in saved] == [("math500", s["id"]) for s in samples]
+    statuses = collections.Counter()
+    for entry, row, record in zip(saved, math500, samples, strict=False):
+        assert entry["problem"] == row["problem"] and entry["answer"] == row["answer"]
+        assert row["problem"] in entry["prompt"]
+        assert len(entry["completions"]) == NUM_SAMPLES
+        assert [c["status"] for c in entry["completions"]] == record["statuses"]
+        assert [c["length"] for c in entry["completions"]] == record["lengths"]
+        for completion in entry["completions"]:
+            assert completion["text"] and isinstance(completion["text"], str)
+            assert completion["extracted_answer"] == rewards.extract_answer(completion["text"])
+            statuses[completion["status"]] += 1
+    assert {s: statuses[s] for s in rewards.STATUSES} == {s: grader[s] for s in rewards.STATUSES}
+
+
+@pytest.fixture(scope="module")
+def chain_evaluation(chain_run, tmp_path_factory):
+    out = tmp_path_factory.mktemp("chain_eval") / "eval"
+    printed = _evaluate([f"--policy={chain_run}", f"--out={out}"]).stdout
+    return out, printed
+
+
+def test_a_chain_run_is_evaluated_on_its_test_split(chain_run, chain_evaluation):
+    out, printed = chain_evaluation
+    config = json.loads((chain_run / "config.json").read_text())
+    test = tasks.build_splits(tasks.ChainTaskConfig(**config["task"])).test
+    report = json.loads((out / "report.json").read_text())
+    assert report["task"] == "chain"
+    assert report["settings"]["split"] == "test" and report["settings"]["step"] == 2
+    assert report["settings"]["policy"] == str(chain_run)
+    assert report["settings"]["temperature"] == 1.0 and report["num_samples"] == 8
+    assert [p["id"] for p in report["problems"]] == [row["id"] for row in test]
+    levels = sorted({row["level"] for row in test})
+    assert [int(level) for level in report["levels"]] == levels
+    per_level = config["task"]["test_per_level"]
+    assert all(s["num_problems"] == per_level for s in report["levels"].values())
+    assert report["pooled"]["num_problems"] == len(test)
+    # The frontier: the levels whose pass@8 is below 0.95, and their problems pooled.
+    frontier = [int(lv) for lv, s in report["levels"].items() if s["pass@k"]["8"] < 0.95]
+    assert report["frontier"]["levels"] == frontier and report["frontier"]["k"] == 8
+    assert report["frontier"]["summary"]["num_problems"] == per_level * len(frontier)
+    markdown = (out / "report.md").read_text()
+    assert "| level | problems | mean@8 | pass@1 | pass@8 |" in markdown
+    assert all(f"\n| {level} | {per_level} |" in markdown for level in levels)
+    assert f"| pooled | {len(test)} |" in markdown and "| frontier |" in markdown
+    assert f"Frontier levels (pass@8 < 0.95): {', '.join(map(str, frontier))}." in markdown
+    assert markdown in printed
+
+    saved = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
+    assert [(e["id"], e["prompt"], e["solution"]) for e in saved] == [
+        (row["id"], row["prompt"], row["solution"]) for row in test
+    ]
+    for entry, problem in zip(saved, report["problems"], strict=True):
+        assert len(entry["completions"]) == 8
+        assert sum(c["correct"] for c in entry["completions"]) == problem["c"]
+        for completion in entry["completions"]:
+            grade = tasks.grade_text(completion["text"], entry["solution"])
+            assert grade == completion["correct"], completion
+
+
+def test_the_model_folder_gives_the_same_evaluation(chain_run, chain_evaluation, tmp_path):
+    out, _ = chain_evaluation
+    report = evaluation.evaluate_policy(chain_run / "model", tmp_path / "eval", progress=False)
+    assert isinstance(report, evaluation.TaskReport) and report.settings["step"] is None
+    assert (tmp_path / "eval" / "completions.jsonl").read_bytes() == (
+        out / "completions.jsonl"
+    ).read_bytes()
+    saved = json.loads((out / "report.json").read_text())
+    assert report.to_dict()["levels"] == saved["levels"]
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("unknown_benchmark", "unknown benchmark 'gsm8k'; known: math500, aime24"),
+        ("empty_folder", "is not a model folder (no config.json) nor a training work directory"),
+        ("chain_tokenizer", "has the chain task's 18-symbol tokenizer but no run config"),
+    ],
+)
+def test_a_refusal_is_one_line_and_leaves_out_untouched(
+    case, message, policy_dir, tmp_path, request
+):
+    out = tmp_path / "out"
+    policy = {"unknown_benchmark": policy_dir, "empty_folder": tmp_path / "empty"}.get(case)
+    if case == "empty_folder":
+        policy.mkdir()
+        out.mkdir()  # an existing folder stays as it was
+        (out / "notes.txt").write_text("mine")
+    if case == "chain_tokenizer":
+        # The final policy copied away from its run: today's "Missing [UNK] token" failure.
+        model = request.getfixturevalue("chain_run") / "model"
+        policy = shutil.copytree(model, tmp_path / "lonely")
+    before = _snapshot(out)
+    flags = ["--benchmarks=math500,gsm8k"] if case == "unknown_benchmark" else []
+    completed = _evaluate([f"--policy={policy}", f"--out={out}", *flags], status=2)
+    assert completed.stderr.startswith("error: ") and message in completed.stderr
+    assert len(completed.stderr.strip().splitlines()) == 1, completed.stderr
+    assert _snapshot(out) == before
+
+
+def test_missing_required_flag_is_one_line(tmp_path):
+    completed = _evaluate([f"--out={tmp_path / 'out'}"], status=2)
+    assert "--policy is required" in completed.stderr
+    assert len(completed.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
 
 
 def test_load_policy_errors(policy_dir, tmp_path):
@@ -118,14 +249,15 @@ def test_load_policy_errors(policy_dir, tmp_path):
     assert model.config.vocab_size == len(tokenizer)
 
 
-def test_missing_required_flag_is_a_usage_error(tmp_path):
-    completed = subprocess.run(
-        [sys.executable, "-m", "experiments.evaluate", f"--out={tmp_path}"],
-        cwd=REPO_ROOT,
-        env=dict(os.environ, JAX_PLATFORMS="cpu"),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert completed.returncode != 0
-    assert "--policy is required" in completed.stderr
+def test_auto_dtype_is_float32_on_cpu_and_bfloat16_on_accelerators(policy_dir, monkeypatch):
+    assert jax.default_backend() == "cpu"
+    assert evaluation.resolve_dtype("auto") == "float32"
+    model, _ = evaluation.load_policy(policy_dir)
+    dtypes = {leaf.dtype for leaf in jax.tree.leaves(nnx.state(model, nnx.Param))}
+    assert dtypes == {jnp.dtype(jnp.float32)}
+    for backend in ("gpu", "tpu"):
+        monkeypatch.setattr(jax, "default_backend", lambda backend=backend: backend)
+        assert evaluation.resolve_dtype("auto") == "bfloat16"
+    assert evaluation.resolve_dtype("float32") == "float32"
+    with pytest.raises(ValueError, match="dtype=.float16."):
+        evaluation.resolve_dtype("float16")

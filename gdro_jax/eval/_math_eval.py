@@ -18,14 +18,19 @@ raises (`"raise"`).
 
 Resuming. The output folder holds `settings.json` (the sampling settings and the policy's name)
 and `samples.jsonl`, one line per finished problem (its id, prompt hash, scores, statuses, c and
-n), appended as each batch is graded. A rerun into the same folder skips finished problems; its
-settings must equal the stored ones (else a ValueError names the first differing setting), and
-a finished problem whose prompt changed raises too. Batch b of a benchmark always holds the same
-problems and samples with `fold_in(fold_in(key(seed), crc32(benchmark)), b)`, so an interrupted
-and resumed run gives the same samples as an uninterrupted one (given the same request: P
-depends on the longest prompt requested and changes results only by floating-point rounding).
-Bins are not stored with the samples: rerunning with other bins rewrites the report without
-sampling anything.
+n), appended as each batch is graded (`_math_files.py`). A rerun into the same folder skips
+finished problems; its settings must equal the stored ones (else a ValueError names the first
+differing setting), and a finished problem whose prompt changed raises too. Batch b of a benchmark
+always holds the same problems and samples with `fold_in(fold_in(key(seed), crc32(benchmark)),
+b)`, so an interrupted and resumed run gives the same samples as an uninterrupted one (given the
+same request: P depends on the longest prompt requested and changes results only by
+floating-point rounding). Bins are not stored with the samples: rerunning with other bins
+rewrites the report without sampling anything.
+
+Nothing is written before the request is checked: prompts are tokenized (a tokenizer that cannot
+encode them, such as the chain task's, raises a ValueError naming the problem), bins read, and
+the stored settings and prompts compared first. A refused run leaves the folder untouched, and a
+folder without finished problems takes new settings.
 
 Difficulty bins. A problem's bin is an integer: from a user mapping (problem id -> bin, e.g. the
 bins a training run's classifier assigned; optionally nested per benchmark, see `load_bins`) when
@@ -34,20 +39,24 @@ bin are reported in an `"unbinned"` row of the per-bin tables; they count in eve
 and pooled figure.
 
 Outputs: `report.json` (everything, including per-problem n and c and the grader's outcome
-counts), `report.md` (tables), next to `settings.json` and `samples.jsonl`.
+counts), `report.md` (tables), next to `settings.json` and `samples.jsonl`; with
+`save_completions`, `completions.jsonl`: every problem's prompt and gold answer and each
+completion's text, extracted answer (`rewards.extract_answer`, the grader's default patterns)
+and grading status.
 
 References:
   Panaganti et al., 2026 (arXiv 2601.19280): evaluation with 8 samples, T = 0.6, top-p 0.8,
   top-k 20, mean@8 and pass@8.
   Chen et al., 2021 (arXiv 2107.03374): the unbiased pass@k estimator.
 
-Over 400 lines on purpose: sampling, grading and the resumable per-problem file share one
-settings check and one loop; the report itself lives in `_math_report.py`.
+Over 400 lines on purpose: sampling, grading and the resumable per-problem files share one
+loop; the files live in `_math_files.py`, the report in `_math_report.py`.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -62,11 +71,11 @@ import jax
 import numpy as np
 from tqdm.auto import tqdm
 
+from gdro_jax.eval import _math_files as files
+from gdro_jax.eval._math_files import COMPLETIONS_FILE, SAMPLES_FILE, SETTINGS_FILE
 from gdro_jax.eval._math_report import MathEvaluation, summarize_problems
 from gdro_jax.sampling import FinishReason, generate
 
-SETTINGS_FILE = "settings.json"
-SAMPLES_FILE = "samples.jsonl"
 REPORT_JSON = "report.json"
 REPORT_MARKDOWN = "report.md"
 
@@ -168,47 +177,44 @@ def _prompt_hash(token_ids: Sequence[int]) -> str:
     return hashlib.sha256(json.dumps(list(token_ids)).encode()).hexdigest()[:16]
 
 
-def _check_settings(path: Path, settings: dict[str, Any]) -> None:
-    """Writes `settings` to `path`, or checks them against the stored ones."""
-    settings = json.loads(json.dumps(settings))
-    if not path.exists():
-        path.write_text(json.dumps(settings, indent=2) + "\n")
-        return
-    stored = json.loads(path.read_text())
-    for name in sorted(set(stored) | set(settings)):
-        if stored.get(name) != settings.get(name):
-            raise ValueError(
-                f"{path}: setting {name!r} differs: the samples there were drawn with "
-                f"{name}={stored.get(name)!r}, this run asks for {name}={settings.get(name)!r}; "
-                "use the same settings to resume, or another output folder"
-            )
-
-
-def _read_records(path: Path) -> dict[tuple[str, str], dict]:
-    """The finished problems in `samples.jsonl`; a torn last line (an interrupted write) is cut."""
-    if not path.exists():
-        return {}
-    content = path.read_bytes()
-    complete, _, tail = content.rpartition(b"\n")
-    if tail:
-        try:
-            json.loads(tail)
-            with open(path, "ab") as f:  # a whole record, only its newline missing
-                f.write(b"\n")
-            complete = content
-        except json.JSONDecodeError:
-            with open(path, "r+b") as f:
-                f.truncate(len(complete) + 1 if complete else 0)
-    records = {}
-    for number, line in enumerate(complete.split(b"\n"), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path}:{number}: not a JSON line ({error})") from error
-        records[(record["benchmark"], record["id"])] = record
-    return records
+def _tokenize_request(
+    benchmarks, tokenizer, settings, bins, bin_field, on_long_prompt, add_special_tokens
+) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Mapping]]]:
+    """Tokenizes every prompt and reads every bin (the padded prompt length is one for the whole
+    request); returns the plan (per benchmark: kept `(id, bin, tokens, prompt hash)` and skipped
+    ids) and the rows by id."""
+    plan: dict[str, dict[str, Any]] = {}
+    rows_by_id: dict[str, dict[str, Mapping]] = {}
+    for name, rows in benchmarks.items():
+        ids = [str(row["id"]) for row in rows]
+        repeated = [i for i, count in collections.Counter(ids).items() if count > 1]
+        if repeated:
+            raise ValueError(f"benchmark {name!r} has duplicate problem ids, e.g. {repeated[0]!r}")
+        kept, skipped = [], []
+        for row, problem_id in zip(rows, ids, strict=True):
+            try:
+                encoded = tokenizer(row["prompt"], add_special_tokens=add_special_tokens)
+            except Exception as error:  # tokenizers raises its own types, e.g. a missing [UNK]
+                raise ValueError(
+                    f"{name} problem {problem_id!r}: the tokenizer cannot encode the prompt "
+                    f"({error}); is it a math policy's tokenizer?"
+                ) from error
+            tokens = encoded["input_ids"]
+            if len(tokens) > settings.max_prompt_tokens:
+                if on_long_prompt == "raise":
+                    raise ValueError(
+                        f"{name} problem {problem_id!r}: prompt of {len(tokens)} tokens exceeds "
+                        f"max_prompt_tokens={settings.max_prompt_tokens}"
+                    )
+                skipped.append(problem_id)
+                continue
+            if not tokens:
+                raise ValueError(f"{name} problem {problem_id!r}: the prompt has no tokens")
+            problem_bin = _bin_of(name, row, bins, bin_field)
+            kept.append((problem_id, problem_bin, tokens, _prompt_hash(tokens)))
+        plan[name] = {"kept": kept, "skipped": skipped}
+        rows_by_id[name] = dict(zip(ids, rows, strict=True))
+    return plan, rows_by_id
 
 
 def evaluate_math(
@@ -226,6 +232,7 @@ def evaluate_math(
     add_special_tokens: bool = False,
     num_resamples: int = 1000,
     confidence: float = 0.95,
+    save_completions: bool = True,
     progress: bool = True,
     sampler: Callable[..., Any] = generate,
     on_batch_done: Callable[[str, int], None] | None = None,
@@ -249,6 +256,8 @@ def evaluate_math(
       add_special_tokens: passed to the tokenizer when encoding prompts (False for chat-templated
         prompts, which carry their special tokens as text).
       num_resamples, confidence: bootstrap settings (`summarize_counts`; seed 0).
+      save_completions: write `completions.jsonl` (module docstring); it does not change the
+        samples, so a resumed run may switch it (the file then covers some problems only).
       progress: show a tqdm bar over problems.
       sampler: called like `sampling.generate`, returning `.tokens` [R, M] and `.lengths` [R]
         (and optionally `.finish_reasons`); tests pass fakes.
@@ -258,8 +267,9 @@ def evaluate_math(
       `MathEvaluation`; `report.json` and `report.md` are written to `out_dir`.
 
     Raises:
-      ValueError: for bad arguments, a prompt over the limit with `on_long_prompt="raise"`, a
-        setting or prompt that differs from the stored samples', duplicate ids, or bad bins.
+      ValueError: for bad arguments, a prompt the tokenizer cannot encode, a prompt over the
+        limit with `on_long_prompt="raise"`, a setting or prompt that differs from the stored
+        samples', duplicate ids, or bad bins; all before anything is written to `out_dir`.
 
     References:
       Panaganti et al., 2026 (arXiv 2601.19280); Chen et al., 2021 (arXiv 2107.03374), eq. 1.
@@ -270,36 +280,19 @@ def evaluate_math(
     settings = MathEvalSettings() if settings is None else settings
     k, batch_size = settings.num_samples, settings.batch_size
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    stored_settings = {"policy": policy_name, **dataclasses.asdict(settings)}
-    _check_settings(out / SETTINGS_FILE, stored_settings)
-    records = _read_records(out / SAMPLES_FILE)
-
-    # Tokenize everything first: the padded prompt length is one for the whole request.
-    plan: dict[str, dict[str, Any]] = {}
-    answers: dict[str, dict[str, str]] = {}
-    for name, rows in benchmarks.items():
-        ids = [str(row["id"]) for row in rows]
-        repeated = [i for i, count in collections.Counter(ids).items() if count > 1]
-        if repeated:
-            raise ValueError(f"benchmark {name!r} has duplicate problem ids, e.g. {repeated[0]!r}")
-        kept, skipped = [], []
-        for row, problem_id in zip(rows, ids, strict=True):
-            tokens = tokenizer(row["prompt"], add_special_tokens=add_special_tokens)["input_ids"]
-            if len(tokens) > settings.max_prompt_tokens:
-                if on_long_prompt == "raise":
-                    raise ValueError(
-                        f"{name} problem {problem_id!r}: prompt of {len(tokens)} tokens exceeds "
-                        f"max_prompt_tokens={settings.max_prompt_tokens}"
-                    )
-                skipped.append(problem_id)
-                continue
-            if not tokens:
-                raise ValueError(f"{name} problem {problem_id!r}: the prompt has no tokens")
-            # Bins are checked before anything is sampled.
-            problem_bin = _bin_of(name, row, bins, bin_field)
-            kept.append((problem_id, problem_bin, tokens, _prompt_hash(tokens)))
-        for problem_id, _, _, prompt_hash in kept:
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"out_dir must be a folder, got out_dir={os.fspath(out_dir)!r} (a file)")
+    # Every check comes before the first write: a refused run leaves `out` as it was.
+    plan, rows_by_id = _tokenize_request(
+        benchmarks, tokenizer, settings, bins, bin_field, on_long_prompt, add_special_tokens
+    )
+    stored_settings = json.loads(
+        json.dumps({"policy": policy_name, **dataclasses.asdict(settings)})
+    )
+    records, repair = files.read_records(out / SAMPLES_FILE)
+    files.check_settings(out / SETTINGS_FILE, stored_settings, has_samples=bool(records))
+    for name, p in plan.items():
+        for problem_id, _, _, prompt_hash in p["kept"]:
             done = records.get((name, problem_id))
             if done is not None and done["prompt_sha"] != prompt_hash:
                 raise ValueError(
@@ -307,8 +300,16 @@ def evaluate_math(
                     f"{problem_id!r}: its stored samples continue another prompt (another "
                     "tokenizer, template or suffix); use another output folder"
                 )
-        plan[name] = {"kept": kept, "skipped": skipped}
-        answers[name] = {str(row["id"]): str(row["answer"]) for row in rows}
+    out.mkdir(parents=True, exist_ok=True)
+    if not records or not (out / SETTINGS_FILE).exists():
+        files.write_settings(out / SETTINGS_FILE, stored_settings)
+    if repair is not None:
+        repair()
+    if records:
+        files.keep_finished_completions(out / COMPLETIONS_FILE, records)
+    else:  # a fresh start: no line of an earlier run stays
+        (out / COMPLETIONS_FILE).unlink(missing_ok=True)
+
     longest = max((len(t) for p in plan.values() for _, _, t, _ in p["kept"]), default=1)
     prompt_pad = -(-longest // settings.prompt_bucket) * settings.prompt_bucket
 
@@ -323,7 +324,10 @@ def evaluate_math(
     restarts_before = grader.stats.restarts
     todo = sum(1 for name, p in plan.items() for pid, *_ in p["kept"] if (name, pid) not in records)
     bar = tqdm(total=todo, disable=not progress, desc="math eval", unit="problem")
-    with bar, open(out / SAMPLES_FILE, "a") as samples_file:
+    completions_file = (
+        open(out / COMPLETIONS_FILE, "a") if save_completions else contextlib.nullcontext()
+    )
+    with bar, open(out / SAMPLES_FILE, "a") as samples_file, completions_file:
         for name, p in plan.items():
             kept = p["kept"]
             for batch, first in enumerate(range(0, len(kept), batch_size)):
@@ -374,9 +378,22 @@ def evaluate_math(
                 )
                 timing["decoding_s"] += time.perf_counter() - tick
                 tick = time.perf_counter()
-                golds = [answers[name][real[i][0]] for i in missing for _ in range(k)]
+                golds = [
+                    str(rows_by_id[name][real[i][0]]["answer"]) for i in missing for _ in range(k)
+                ]
                 grades = grader.grade_items(completions, golds, progress=False)
                 timing["grading_s"] += time.perf_counter() - tick
+                if save_completions:  # before samples.jsonl: a finished problem has its line
+                    for position, i in enumerate(missing):
+                        row = rows_by_id[name][real[i][0]]
+                        slots_k = range(i * k, (i + 1) * k)
+                        texts = completions[position * k : (position + 1) * k]
+                        items = grades[position * k : (position + 1) * k]
+                        entry = files.completions_entry(
+                            name, row, texts, items, lengths_R[slots_k], truncated_R[slots_k]
+                        )
+                        completions_file.write(json.dumps(entry) + "\n")
+                    completions_file.flush()
 
                 for position, i in enumerate(missing):
                     problem_id, _, _, prompt_hash = real[i]
@@ -404,7 +421,7 @@ def evaluate_math(
     evaluation = summarize_problems(
         plan,
         records,
-        settings=json.loads((out / SETTINGS_FILE).read_text()),
+        settings=stored_settings,
         k=k,
         bin_source="mapping" if bins is not None else f"field:{bin_field}",
         num_resamples=num_resamples,

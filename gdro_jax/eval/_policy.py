@@ -1,46 +1,114 @@
-"""A policy to evaluate (an HF folder or a training run's checkpoint) on the math benchmarks."""
+"""A policy to evaluate, found from a path, with the task it was trained for.
+
+A path names:
+
+- a training work directory (`checkpoints/`, `config.json`): its newest usable checkpoint;
+- its `model/` folder (an HF folder whose parent holds the run's `config.json`), or the `model/`
+  folder of a warm start (whose parent holds `pretrain.json`); a finished run's folder without
+  checkpoints is read through its `model/`;
+- any other HF folder (`config.json`, `*.safetensors`, tokenizer files): a math policy.
+
+The saved run config decides the task (`task_kind`, default "chain"). An HF folder with the chain
+task's tokenizer but no run config beside it is refused: its test split cannot be rebuilt, and
+math prompts do not encode in its 18 symbols.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import os
-from collections.abc import Sequence
+from typing import Any
 
+import jax
 import jax.numpy as jnp
 
-from gdro_jax import data, models, rewards
-from gdro_jax.eval._math_eval import MathEvalSettings, evaluate_math, load_bins
-from gdro_jax.eval._math_report import MathEvaluation
+from gdro_jax import models, tasks
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+DTYPES = ("auto", "float32", "bfloat16")
+RUN_CONFIG_FILES = ("config.json", "pretrain.json")
 
 
-def load_policy(path: str | os.PathLike, *, dtype: str = "bfloat16"):
-    """Loads a policy to evaluate: a HuggingFace model folder, or a training run's checkpoint.
+def resolve_dtype(dtype: str) -> str:
+    """`"auto"` -> float32 on CPU, bfloat16 on accelerators; other names pass through.
 
-    Args:
-      path: a folder holding `config.json`, `*.safetensors` (or an index) and tokenizer files;
-        or a training work directory holding `checkpoints/`, whose newest usable checkpoint is
-        read (the run's config rebuilds the policy and its tokenizer).
-      dtype: parameter dtype ("float32" or "bfloat16") of an HF folder's weights.
-
-    Returns:
-      `(model, tokenizer)`: a `gdro_jax.models.Decoder` and a transformers tokenizer.
-
-    Raises:
-      FileNotFoundError: naming the folder and what it lacks.
+    On CPU bfloat16 is emulated and rounds differently from a float32 reference: greedy MATH500
+    completions of a pretrained model differed from transformers' on 9 of 16 problems in
+    bfloat16 and matched on all 16 in float32.
     """
-    path = os.fspath(path)
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"policy={path!r} is not a folder")
-    names = set(os.listdir(path))
-    weights = any(name.endswith(".safetensors") or name.endswith(".index.json") for name in names)
-    if not weights and "checkpoints" in names:
-        from gdro_jax import train  # noqa: PLC0415 (train imports eval: import when needed)
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got dtype={dtype!r}")
+    if dtype != "auto":
+        return dtype
+    return "float32" if jax.default_backend() == "cpu" else "bfloat16"
 
-        model, tokenizer, step = train.policy_from_checkpoint(path)
-        logging.info("evaluating %s at checkpoint step %d", path, step)
-        return model, tokenizer
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """A loaded policy and what it was trained for.
+
+    Attributes:
+      model: the `gdro_jax.models.Decoder`.
+      tokenizer: its transformers tokenizer.
+      task_kind: `"chain"` or `"math"`.
+      run_config: the training run's config (a dict) when one was found beside the policy.
+      path: the absolute path it was loaded from.
+      step: the checkpoint step (None for an HF folder).
+    """
+
+    model: Any
+    tokenizer: Any
+    task_kind: str
+    run_config: dict[str, Any] | None
+    path: str
+    step: int | None
+
+
+def find_run_config(folder: str | os.PathLike) -> dict[str, Any] | None:
+    """The run config saved in `folder`: a training run's `config.json` (a JSON object with a
+    `task` block or a `task_kind`), or the `config` of a warm start's `pretrain.json`; None when
+    there is none (an HF `config.json` is not a run config)."""
+    for name in RUN_CONFIG_FILES:
+        path = os.path.join(os.fspath(folder), name)
+        if not os.path.isfile(path):
+            continue
+        try:
+            with open(path, encoding="utf-8") as file:
+                content = json.load(file)
+        except (OSError, json.JSONDecodeError):
+            continue
+        if name == "pretrain.json" and isinstance(content, dict):
+            content = content.get("config")
+        if isinstance(content, dict) and (
+            isinstance(content.get("task"), dict) or "task_kind" in content
+        ):
+            return content
+    return None
+
+
+def _is_chain_tokenizer(tokenizer) -> bool:
+    try:
+        return set(tokenizer.get_vocab()) == set(tasks.VOCAB)
+    except (AttributeError, TypeError):
+        return False
+
+
+def _task_kind(run_config: dict | None, tokenizer, path: str) -> str:
+    if run_config is not None:
+        return tasks.task_kind(run_config)
+    if _is_chain_tokenizer(tokenizer):
+        raise ValueError(
+            f"policy={path!r} has the chain task's {tasks.VOCAB_SIZE}-symbol tokenizer but no run "
+            f"config beside it ({' or '.join(RUN_CONFIG_FILES)} in its parent folder), so its "
+            "test split is unknown; pass the training work directory or its model/ folder"
+        )
+    return "math"
+
+
+def _check_hf_folder(path: str, names: set[str]) -> None:
+    weights = any(n.endswith(".safetensors") or n.endswith(".index.json") for n in names)
     if "config.json" not in names:
         raise FileNotFoundError(
             f"policy={path!r} is not a model folder (no config.json) nor a training work "
@@ -55,67 +123,74 @@ def load_policy(path: str | os.PathLike, *, dtype: str = "bfloat16"):
             f"policy={path!r} has no tokenizer (none of {', '.join(_TOKENIZER_FILES)}); save one "
             "into the folder, e.g. models.save_pretrained(model, path, tokenizer=tokenizer)"
         )
+
+
+def _load(path, dtype: str):
+    """`(model, tokenizer, step, path, folder)`: the policy at `path` (absolute; a finished
+    run's folder is read through its `model/`), and the folder that may hold its run config."""
+    path = os.path.abspath(os.fspath(path))
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"policy={path!r} is not a folder")
+    names = set(os.listdir(path))
+    weights = any(n.endswith(".safetensors") or n.endswith(".index.json") for n in names)
+    if not weights and "checkpoints" in names:
+        from gdro_jax import train  # noqa: PLC0415 (train imports eval: import when needed)
+
+        model, tokenizer, step = train.policy_from_checkpoint(path)
+        logging.info("evaluating %s at checkpoint step %d", path, step)
+        return model, tokenizer, step, path, path
+    if not weights and os.path.isdir(os.path.join(path, models.MODEL_DIR)):
+        # A run without checkpoints, or a warm start: its final policy.
+        return _load(os.path.join(path, models.MODEL_DIR), dtype)
+    _check_hf_folder(path, names)
     model = models.from_pretrained(path, dtype=jnp.dtype(dtype))
-    return model, models.load_tokenizer(path)
+    return model, models.load_tokenizer(path), None, path, os.path.dirname(path)
 
 
-def evaluate_math_policy(
-    policy: str | os.PathLike,
-    out_dir: str | os.PathLike,
-    *,
-    benchmarks: Sequence[str],
-    settings: MathEvalSettings,
-    data_dir: str | None = None,
-    limit: int | None = None,
-    dtype: str = "bfloat16",
-    num_workers: int = 2,
-    grader_timeout_s: float = 5.0,
-    bins_from: str | None = None,
-    bin_field: str = "level",
-    chat_template: bool = True,
-    on_long_prompt: str = "skip",
-) -> MathEvaluation:
-    """`experiments/evaluate.py` as a function: load the policy and benchmarks, sample, grade.
+def open_policy(path: str | os.PathLike, *, dtype: str = "auto") -> Policy:
+    """Loads a policy and finds the task it was trained for (module docstring).
 
     Args:
-      policy: an HF model folder or a training work directory (see `load_policy`).
-      out_dir: where reports and resume files go (see `evaluate_math`).
-      benchmarks: names from `data.BENCHMARKS`; an unknown name raises before anything loads.
-      settings: sampling settings.
-      data_dir: the benchmark files' folder (default: `$GDRO_DATA_DIR`, else `../shared/data`).
-      limit: evaluate only the first `limit` problems of each benchmark.
-      dtype: parameter dtype of an HF folder's weights.
-      num_workers, grader_timeout_s: the math-verify grader's workers and per-answer limit.
-      bins_from: a JSON file mapping problem id -> bin (else each row's `bin_field`).
-      bin_field: the row field holding the difficulty bin.
-      chat_template: wrap prompts in the tokenizer's chat template when it has one.
-      on_long_prompt: "skip" (counted) or "raise" for prompts over `max_prompt_tokens`.
+      path: a training work directory, its `model/` folder, or an HF model folder.
+      dtype: parameter dtype of an HF folder's weights (`resolve_dtype`); a checkpoint keeps
+        the run's own dtype.
 
     Returns:
-      The `MathEvaluation` (also written to `out_dir` as JSON and Markdown).
+      The `Policy`.
+
+    Raises:
+      FileNotFoundError: naming the folder and what it lacks.
+      ValueError: a bad dtype, a chain-task tokenizer without a run config, or a chain-task
+        policy whose vocabulary is not the task's.
     """
-    unknown = [name for name in benchmarks if name not in data.PRESETS]
-    if unknown:
-        raise ValueError(f"unknown benchmark {unknown[0]!r}; known: {data.BENCHMARKS}")
-    model, tokenizer = load_policy(policy, dtype=dtype)
-    templated = chat_template and bool(getattr(tokenizer, "chat_template", None))
-    rows = {
-        name: data.load_preset(name, data_dir, tokenizer=tokenizer if templated else None)[:limit]
-        for name in benchmarks
-    }
-    bins = load_bins(bins_from) if bins_from else None
-    with rewards.MathGrader(num_workers, grader_timeout_s) as grader:
-        return evaluate_math(
-            model,
-            tokenizer,
-            rows,
-            grader=grader,
-            out_dir=out_dir,
-            settings=settings,
-            policy_name=os.path.abspath(policy),
-            bins=bins,
-            bin_field=bin_field,
-            on_long_prompt=on_long_prompt,
-            # Chat-templated prompts carry their special tokens as text.
-            add_special_tokens=not templated,
+    model, tokenizer, step, path, folder = _load(path, resolve_dtype(dtype))
+    run_config = find_run_config(folder)
+    kind = _task_kind(run_config, tokenizer, path)
+    if kind == "chain" and model.config.vocab_size != tasks.VOCAB_SIZE:
+        raise ValueError(
+            f"policy={path!r}: its run config names the chain task, whose vocabulary has "
+            f"{tasks.VOCAB_SIZE} symbols, but the model has vocab_size={model.config.vocab_size}"
         )
+    return Policy(model, tokenizer, kind, run_config, path, step)
+
+
+def load_policy(path: str | os.PathLike, *, dtype: str = "auto"):
+    """Loads a policy to evaluate: a HuggingFace model folder, or a training run's checkpoint.
+
+    Args:
+      path: a folder holding `config.json`, `*.safetensors` (or an index) and tokenizer files;
+        or a training work directory holding `checkpoints/`, whose newest usable checkpoint is
+        read (the run's config rebuilds the policy and its tokenizer); or a finished run's
+        folder without checkpoints, read through its `model/`.
+      dtype: parameter dtype of an HF folder's weights: "float32", "bfloat16", or "auto"
+        (float32 on CPU, bfloat16 on accelerators; `resolve_dtype`). A checkpoint keeps the
+        run's own dtype.
+
+    Returns:
+      `(model, tokenizer)`: a `gdro_jax.models.Decoder` and a transformers tokenizer.
+
+    Raises:
+      FileNotFoundError: naming the folder and what it lacks.
+    """
+    model, tokenizer, *_ = _load(path, resolve_dtype(dtype))
+    return model, tokenizer

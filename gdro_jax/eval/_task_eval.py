@@ -86,6 +86,7 @@ def sample_correct_counts(
     batch_size: int = 32,
     progress: bool = False,
     sampler: Callable[..., Any] = generate,
+    on_batch: Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], None] | None = None,
 ) -> np.ndarray:
     """Samples `num_samples` completions of every problem and counts the exact solutions.
 
@@ -100,6 +101,10 @@ def sample_correct_counts(
       progress: show a tqdm bar over batches.
       sampler: the sampling function, called like `gdro_jax.sampling.generate` and returning
         `.tokens` [R, M] and `.lengths` [R] (tests pass a fake with known odds).
+      on_batch: called after each batch with its real problems' indices int[b], and their
+        slots' tokens int32[b * num_samples, M], lengths int32[b * num_samples] and correctness
+        bool[b * num_samples] (slot r continues problem r // num_samples), e.g. to keep the
+        completions.
 
     Returns:
       int64[N] correct completions of each problem, in [0, num_samples].
@@ -143,6 +148,14 @@ def sample_correct_counts(
         counts_B = np.asarray(correct_R).reshape(batch_size, num_samples).sum(axis=1)
         real = min(batch_size, num_problems - start)
         correct_N[start : start + real] = counts_B[:real]
+        if on_batch is not None:
+            slots = real * num_samples
+            on_batch(
+                rows_B[:real],
+                np.asarray(result.tokens)[:slots],
+                np.asarray(result.lengths)[:slots],
+                np.asarray(correct_R)[:slots],
+            )
     return correct_N
 
 
@@ -161,6 +174,7 @@ def evaluate_task(
     confidence: float = 0.95,
     progress: bool = False,
     sampler: Callable[..., Any] = generate,
+    on_batch: Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], None] | None = None,
 ) -> TaskEvaluation:
     """Evaluates a policy on chain-task problems: mean@n and pass@k per level and pooled.
 
@@ -177,6 +191,7 @@ def evaluate_task(
       num_resamples, confidence: bootstrap settings (`summarize_counts`).
       progress: show a tqdm bar over batches.
       sampler: the sampling function (see `sample_correct_counts`).
+      on_batch: called with each batch's problems and completions (see `sample_correct_counts`).
 
     Returns:
       `TaskEvaluation`.
@@ -200,6 +215,7 @@ def evaluate_task(
         batch_size=batch_size,
         progress=progress,
         sampler=sampler,
+        on_batch=on_batch,
     )
     by_level, pooled = summarize_counts(
         correct_N, num_samples, arrays.levels, num_resamples=num_resamples, confidence=confidence

@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
+from absl import logging as absl_logging
 
 from gdro_jax.models import CheckpointError
 from gdro_jax.train._state import TrainState
@@ -85,14 +86,22 @@ def checkpoint_manager(
     `read_only` (evaluating a run that may be saving at this moment). A relative `directory` is
     taken from the current directory (orbax needs absolute paths).
     """
-    options = ocp.CheckpointManagerOptions(
-        enable_async_checkpointing=False,
-        cleanup_tmp_directories=not read_only,
-        preservation_policy=ocp.checkpoint_managers.LatestN(keep),
-        create=not read_only,
-        read_only=read_only,
-    )
-    return ocp.CheckpointManager(os.path.abspath(os.fspath(directory)), options=options)
+    path = os.path.abspath(os.fspath(directory))
+    # Orbax warns that a read-only manager will not save or clean up, which is what is asked.
+    verbosity = absl_logging.get_verbosity()
+    if read_only:
+        absl_logging.set_verbosity(absl_logging.ERROR)
+    try:
+        options = ocp.CheckpointManagerOptions(
+            enable_async_checkpointing=False,
+            cleanup_tmp_directories=not read_only,
+            preservation_policy=ocp.checkpoint_managers.LatestN(keep),
+            create=not read_only,
+            read_only=read_only,
+        )
+        return ocp.CheckpointManager(path, options=options)
+    finally:
+        absl_logging.set_verbosity(verbosity)
 
 
 def step_path(manager: ocp.CheckpointManager, step: int) -> str:

@@ -1,5 +1,6 @@
-"""The math evaluation harness: exact scores from a fake sampler with known completions, resuming
-(same report, finished problems not re-sampled), settings checks and long prompts.
+"""The math evaluation harness: exact scores from a fake sampler with known completions, the saved
+completions, resuming (same report and files, finished problems not re-sampled), settings
+checks, long prompts, and refused starts that write nothing.
 
 Everything here uses synthetic problems, so no data directory is needed.
 """
@@ -10,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from gdro_jax import data, models, rewards, sampling
+from gdro_jax import data, models, rewards, sampling, tasks
 from gdro_jax import eval as evaluation
 
 K = 4
@@ -265,6 +266,11 @@ def test_resume_matches_an_uninterrupted_run(tokenizer, benchmarks, grader, mode
     assert len(samples.read_text().splitlines()) == 4
     with open(samples, "a") as f:  # a torn line, as left by a kill in the middle of a write
         f.write('{"benchmark": "alpha", "id": "alp')
+    completions = tmp_path / "b" / "completions.jsonl"
+    assert len(completions.read_text().splitlines()) == 4
+    with open(completions, "a") as f:  # a kill after a problem's completions, before its samples
+        f.write(json.dumps({"benchmark": "alpha", "id": "alpha-4", "completions": []}) + "\n")
+        f.write('{"benchmark": "alpha", "id": "alpha-5", "comp')
     calls.clear()
     resumed = evaluation.evaluate_math(
         model, tokenizer, benchmarks, out_dir=tmp_path / "b", **common
@@ -285,8 +291,9 @@ def test_resume_matches_an_uninterrupted_run(tokenizer, benchmarks, grader, mode
         lines = (folder / "samples.jsonl").read_text().splitlines()
         return {r["id"]: r for r in map(json.loads, lines)}
 
-    # Same samples: every problem's completion lengths and verdicts agree.
+    # Same samples: every problem's completion lengths and verdicts agree, and the same texts.
     assert records(tmp_path / "b") == records(tmp_path / "a")
+    assert completions.read_bytes() == (tmp_path / "a" / "completions.jsonl").read_bytes()
     assert len(records(tmp_path / "b")) == 10
     # A random policy solves nothing.
     assert whole.mean_at_k() <= 0.1
@@ -357,6 +364,7 @@ def test_long_prompts_are_skipped_and_counted_or_raise(tokenizer, benchmarks, gr
             sampler=sampler,
             progress=False,
         )
+    assert not (tmp_path / "raise").exists()  # refused before anything is written
 
 
 @pytest.mark.parametrize(
@@ -396,3 +404,67 @@ def test_bins_must_be_integers(tokenizer, benchmarks, grader, tmp_path):
     path.write_text("[1, 2]")
     with pytest.raises(ValueError, match="JSON object"):
         evaluation.load_bins(path)
+
+
+def test_completions_hold_each_text_answer_and_verdict(tokenizer, benchmarks, grader, tmp_path):
+    correct = _correct_counts(benchmarks)
+    sampler = KnownSampler(tokenizer, benchmarks, correct, no_answer={"beta-1"})
+    common = dict(grader=grader, settings=FAKE_SETTINGS, sampler=sampler, progress=False)
+    evaluation.evaluate_math(None, tokenizer, benchmarks, out_dir=tmp_path, **common)
+    lines = (tmp_path / "completions.jsonl").read_text().splitlines()
+    saved = {entry["id"]: entry for entry in map(json.loads, lines)}
+    rows = [(name, row) for name, rows in benchmarks.items() for row in rows]
+    assert list(saved) == [row["id"] for _, row in rows]
+    for name, row in rows:
+        entry = saved[row["id"]]
+        assert entry["benchmark"] == name and entry["prompt"] == row["prompt"]
+        assert entry["answer"] == row["answer"]
+        assert [c["text"] for c in entry["completions"]] == [
+            sampler.completion(row, j) for j in range(K)
+        ]
+        for j, completion in enumerate(entry["completions"]):
+            if j < correct[row["id"]]:
+                want = (row["answer"], "correct", 1.0)
+            elif row["id"] == "beta-1":
+                want = (None, "no_answer", 0.0)
+            else:
+                want = (WRONG_ANSWER, "wrong", 0.0)
+            got = (completion["extracted_answer"], completion["status"], completion["score"])
+            assert got == want
+            assert completion["truncated"] is False and completion["length"] > 0
+
+    # Off: no file; a fresh start (no finished problem) drops an earlier run's file.
+    (tmp_path / "off").mkdir()
+    (tmp_path / "off" / "completions.jsonl").write_text(lines[0] + "\n")
+    evaluation.evaluate_math(
+        None, tokenizer, benchmarks, out_dir=tmp_path / "off", save_completions=False, **common
+    )
+    assert not (tmp_path / "off" / "completions.jsonl").exists()
+
+
+def test_a_refused_start_writes_nothing_and_a_rerun_works(tokenizer, benchmarks, grader, tmp_path):
+    sampler = KnownSampler(tokenizer, benchmarks, _correct_counts(benchmarks))
+    common = dict(grader=grader, settings=FAKE_SETTINGS, sampler=sampler, progress=False)
+    out = tmp_path / "eval"
+    # The chain task's 18-symbol tokenizer cannot encode math prompts: refused, nothing written.
+    with pytest.raises(ValueError, match="alpha problem 'alpha-0': the tokenizer cannot encode"):
+        evaluation.evaluate_math(
+            None, tasks.hf_tokenizer(), benchmarks, out_dir=out, policy_name="chain", **common
+        )
+    assert not out.exists()
+    result = evaluation.evaluate_math(
+        None, tokenizer, benchmarks, out_dir=out, policy_name="math", **common
+    )
+    assert result.pooled.num_problems == 10
+
+    # A settings.json without samples (a start that failed before its first batch, as earlier
+    # versions left it) does not bind the rerun.
+    stale = tmp_path / "stale"
+    stale.mkdir()
+    (stale / "settings.json").write_text(json.dumps({"policy": "another", "temperature": 9}))
+    evaluation.evaluate_math(
+        None, tokenizer, benchmarks, out_dir=stale, policy_name="math", **common
+    )
+    assert json.loads((stale / "settings.json").read_text())["policy"] == "math"
+    problems = json.loads((stale / "report.json").read_text())["problems"]
+    assert problems == json.loads((out / "report.json").read_text())["problems"]

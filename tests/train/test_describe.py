@@ -1,4 +1,4 @@
-"""The lines a finished run prints: steps, the last step's reward and accuracy, where outputs are."""
+"""The lines a finished run prints: steps, the last reward and accuracy, where outputs are."""
 
 import os
 

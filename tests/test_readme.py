@@ -1,0 +1,188 @@
+"""The README's examples run as written: every ```python block and every ```bash command.
+
+Python blocks run one after another in one subprocess (one jax import for all), each in a fresh
+namespace, as a user would run them: one CPU device, from an empty folder, the repository on the
+path. Each ```bash command runs from the repository root with `python` replaced by this
+interpreter and `runs/...` folders moved to a temporary folder, which the bash blocks share in
+README order, as a reader following the README would.
+
+A block whose first line is `# needs: ...` (a GPU, the network, a big model) or `# takes: ...`
+(over a minute on CPU) is skipped with that reason; the reader sees the same line. A block marked
+`# needs: the data files ...` runs when the data directory exists (`data.default_data_dir()`).
+"""
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+from gdro_jax import data
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DATA_FILES = "needs: the data files"
+PYTHON_SECONDS = 600  # all python blocks together
+COMMAND_SECONDS = 300  # one shell command (each is under a minute on an idle 2-core machine)
+
+_FENCE = re.compile(r"^```(\w*)[ \t]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
+_MARKER = re.compile(r"#\s*((?:needs|takes):\s*\S.*)")
+_RUNS = re.compile(r"(^|=)runs(?=/|$)")  # a `runs/...` folder, alone or as a flag's value
+_CODE_LINE = re.compile(r"^\s*(python |import \w|from [\w.]+ import )")
+
+# Runs the python blocks given as JSON in argv[1]; writes {line: error or None} to argv[2] after
+# each block, so a block that hangs still leaves the results of the ones before it.
+_RUNNER = r"""
+import json, sys, traceback
+blocks, out = json.load(open(sys.argv[1])), sys.argv[2]
+results = {}
+for block in blocks:
+    code = "\n" * (block["line"] - 1) + block["code"]  # tracebacks name README.md's lines
+    try:
+        exec(compile(code, "README.md", "exec"), {"__name__": "__main__"})
+        results[block["line"]] = None
+    except BaseException:
+        results[block["line"]] = traceback.format_exc()
+    with open(out, "w") as file:
+        json.dump(results, file)
+"""
+
+
+class Block(NamedTuple):
+    language: str  # the fence's info string: "python", "bash", or "" for plain text
+    line: int  # README line of the block's first line of code
+    code: str
+    skip: str | None  # the block's `# needs:` / `# takes:` line, or None
+
+
+def readme_blocks(text: str) -> list[Block]:
+    """Every fenced block of a Markdown text, with its skip marker if it has one."""
+    blocks = []
+    for match in _FENCE.finditer(text):
+        language, code = match.groups()
+        line = text.count("\n", 0, match.start(2)) + 1
+        first = code.strip().splitlines()[0] if code.strip() else ""
+        marker = _MARKER.fullmatch(first.strip())
+        skip = marker[1] if marker else None
+        if skip and skip.startswith(DATA_FILES) and data.default_data_dir() is not None:
+            skip = None
+        blocks.append(Block(language, line, code, skip))
+    return blocks
+
+
+def shell_commands(code: str) -> list[list[str]]:
+    """The commands of a bash block as argv lists: `\\` continuations joined, comments dropped."""
+    joined = code.replace("\\\n", " ")
+    return [argv for line in joined.splitlines() if (argv := shlex.split(line, comments=True))]
+
+
+def _env() -> dict[str, str]:
+    """This process's environment as a user's: one CPU device, no display, the repo importable."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", MPLBACKEND="Agg")
+    flags = env.get("XLA_FLAGS", "").split()
+    env["XLA_FLAGS"] = " ".join(f for f in flags if "host_platform_device_count" not in f)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    return env
+
+
+BLOCKS = readme_blocks(README.read_text(encoding="utf-8"))
+PYTHON_BLOCKS = [b for b in BLOCKS if b.language == "python"]
+BASH_BLOCKS = [b for b in BLOCKS if b.language == "bash"]
+
+
+def _id(block: Block) -> str:
+    return f"line{block.line}"
+
+
+def test_readme_has_runnable_examples_of_both_kinds():
+    """The parser finds the examples (a broken fence pattern would silently test nothing)."""
+    for blocks, kind in ((PYTHON_BLOCKS, "python"), (BASH_BLOCKS, "bash")):
+        runnable = [b for b in blocks if b.skip is None]
+        assert len(runnable) >= 3, f"only {len(runnable)} runnable {kind} blocks were found"
+
+
+def test_code_is_only_in_tested_fences():
+    """A command or import in a plain ``` fence would escape this test: tag it python or bash."""
+    for block in BLOCKS:
+        if block.language in ("python", "bash"):
+            continue
+        code = [line for line in block.code.splitlines() if _CODE_LINE.match(line)]
+        assert not code, f"README.md:{block.line}: untagged code fence holds {code[0]!r}"
+
+
+@pytest.fixture(scope="module")
+def python_results(tmp_path_factory):
+    """Runs every python block that is not skipped; maps its line to its error (None: it ran)."""
+    folder = tmp_path_factory.mktemp("readme_python")
+    blocks_file, results_file = folder / "blocks.json", folder / "results.json"
+    runnable = [dict(line=b.line, code=b.code) for b in PYTHON_BLOCKS if b.skip is None]
+    blocks_file.write_text(json.dumps(runnable))
+    work = folder / "cwd"  # the blocks start in an empty folder, never in the repository
+    work.mkdir()
+    try:
+        process = subprocess.run(
+            [sys.executable, "-c", _RUNNER, str(blocks_file), str(results_file)],
+            cwd=work,
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=PYTHON_SECONDS,
+        )
+        tail = process.stdout[-2000:] + process.stderr[-2000:]
+    except subprocess.TimeoutExpired:
+        tail = f"the python blocks ran past {PYTHON_SECONDS} s"
+    results = json.loads(results_file.read_text()) if results_file.exists() else {}
+    return {int(line): error for line, error in results.items()}, tail
+
+
+@pytest.mark.parametrize("block", PYTHON_BLOCKS, ids=_id)
+def test_python_block_runs(block, python_results):
+    """The block runs to its end without raising (its own asserts included)."""
+    if block.skip:
+        pytest.skip(f"README.md:{block.line}: {block.skip}")
+    errors, tail = python_results
+    if block.line not in errors:
+        pytest.fail(f"README.md:{block.line} never finished:\n{tail}", pytrace=False)
+    if errors[block.line] is not None:
+        pytest.fail(f"README.md:{block.line} raised:\n{errors[block.line]}", pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def runs_dir(tmp_path_factory):
+    """Stands in for `runs/`, shared by the bash blocks like a reader's folder."""
+    return tmp_path_factory.mktemp("readme_runs")
+
+
+@pytest.mark.parametrize("block", BASH_BLOCKS, ids=_id)
+def test_bash_block_runs(block, runs_dir):
+    """Every command of the block exits 0 without a traceback."""
+    if block.skip:
+        pytest.skip(f"README.md:{block.line}: {block.skip}")
+    commands = shell_commands(block.code)
+    assert commands, f"README.md:{block.line}: a bash block without a command"
+    for argv in commands:
+        shown = shlex.join(argv)
+        assert argv[0] == "python", (
+            f"README.md:{block.line}: `{shown}`: only `python ...` commands run here; "
+            "mark the block `# needs: ...` or `# takes: ...` if it cannot"
+        )
+        argv = [sys.executable] + [_RUNS.sub(lambda m: m[1] + str(runs_dir), a) for a in argv[1:]]
+        process = subprocess.run(
+            argv,
+            cwd=ROOT,
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=COMMAND_SECONDS,
+        )
+        output = process.stdout + process.stderr
+        if process.returncode != 0 or "Traceback" in output:
+            pytest.fail(
+                f"README.md:{block.line}: `{shown}` exited {process.returncode}:\n{output[-3000:]}",
+                pytrace=False,
+            )
