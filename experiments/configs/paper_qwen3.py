@@ -64,6 +64,9 @@ def paper_config(size: str) -> ml_collections.ConfigDict:
     config.tokenizer = ""  # empty: the tokenizer in init_from
     preset = getattr(models.DecoderConfig, SIZES[size])()
     config.model = ml_collections.ConfigDict(dataclasses.asdict(preset))
+    # Mixed precision: float32 master weights and Adam moments, bfloat16 matmuls and KV cache;
+    # norms, softmax, log-probs and the loss stay float32.
+    config.model.update(param_dtype="float32", compute_dtype="bfloat16")
     config.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=8, tensor=1))
     # Checkpoints in workdir/checkpoints: every K steps, at the last step and on SIGTERM/Ctrl-C;
     # the newest `keep` are kept (each holds params, both Adam moments and the reference).

@@ -90,8 +90,16 @@ def as_device_rewards(rewards_R, correct_R, sharding) -> tuple[jax.Array, jax.Ar
 
 
 def _load_policy(config: ml_collections.ConfigDict, mesh) -> models.Decoder:
+    """The policy with float32 master parameters and `config.model.compute_dtype` activations.
+
+    `init_from` checkpoints of any stored dtype are read into float32; the optimizer state
+    follows the parameters, so AdamW's small steps (lr 1e-6) are never rounded away.
+    """
     if config.init_from:
-        return models.from_pretrained(config.init_from, mesh=mesh)
+        compute_dtype = config.model.get("compute_dtype", "float32")
+        return models.from_pretrained(
+            config.init_from, dtype="float32", compute_dtype=compute_dtype, mesh=mesh
+        )
     model_config = models.DecoderConfig(**config.model.to_dict())
     return models.init_decoder(model_config, seed=config.seed, mesh=mesh)
 

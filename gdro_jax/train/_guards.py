@@ -70,6 +70,14 @@ def validate_config(config: ml_collections.ConfigDict, *, num_devices: int | Non
                     "config.rollout_gdro.n_max]"
                 )
     build_controllers(config, num_dataset_prompts=num_prompts)
+    param_dtype = config.get("model", {}).get("param_dtype", "float32")
+    if param_dtype != "float32":
+        raise ValueError(
+            "config.model.param_dtype must be float32 (the master weights the optimizer updates: "
+            "an AdamW step at lr 1e-6 is below bfloat16's 2^-8 resolution and would be rounded "
+            f"away); compute in bfloat16 with config.model.compute_dtype, got "
+            f"param_dtype={param_dtype!r}"
+        )
     sizes = {axis: config.mesh[axis] for axis in ("data", "fsdp", "tensor")}
     for axis, size in sizes.items():
         _positive_int(size, f"config.mesh.{axis}")
