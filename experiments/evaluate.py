@@ -1,12 +1,7 @@
-"""Evaluates a policy on the task it was trained for (`gdro_jax.eval.evaluate_policy`).
+"""Evaluates a policy on its own task (`gdro_jax.eval.evaluate_policy`): a training run's workdir
+or its model/ folder on the chain task's test split, any other HF folder on the math benchmarks.
 
-    python -m experiments.evaluate --policy=runs/grpo --out=runs/grpo_eval   # a chain-task run
-    python -m experiments.evaluate --policy=/models/Qwen3-1.7B --out=runs/eval_qwen3 \
-        [--benchmarks=math500,aime24 --limit=50 --num_samples=8 --max_new_tokens=4096]
-
-A run's work directory (or its `model/`) is evaluated on its task: the chain task's test split, or
-the math benchmarks; any other HF folder is a math policy. Nothing is written to `--out` before
-every input is checked.
+    python -m experiments.evaluate --policy=runs/grpo --out=runs/grpo_eval
 """
 
 import os
@@ -50,17 +45,14 @@ def main(_):
     if missing := [name for name in ("policy", "out") if not F.FLAGS[name].value]:
         raise ValueError(f"--{missing[0]} is required (python -m experiments.evaluate --help)")
     values = {name: F.FLAGS[name].value for name in F.FLAGS}
+    passed = ("benchmarks", "limit", "dtype", "save_completions", "data_dir", "num_workers")
+    passed += ("grader_timeout_s", "bins_from", "bin_field", "chat_template")
     report = evaluation_lib.evaluate_policy(
-        values["policy"], values["out"], benchmarks=values["benchmarks"],
+        values["policy"], values["out"], on_long_prompt=values["long_prompts"],
         sampling={name: values[name] for name in SAMPLING if values[name] is not None},
-        limit=values["limit"], dtype=values["dtype"], save_completions=values["save_completions"],
-        data_dir=values["data_dir"], num_workers=values["num_workers"],
-        grader_timeout_s=values["grader_timeout_s"], bins_from=values["bins_from"],
-        bin_field=values["bin_field"], chat_template=values["chat_template"],
-        on_long_prompt=values["long_prompts"],
+        **{name: values[name] for name in passed},
     )  # fmt: skip
-    print(report.to_markdown())
-    print(f"Written to {values['out']}: {', '.join(sorted(os.listdir(values['out'])))}")
+    print(report.to_markdown(), f"\nWritten to {values['out']}: {os.listdir(values['out'])}")
 
 
 if __name__ == "__main__":

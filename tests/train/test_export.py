@@ -1,5 +1,7 @@
-"""A training run's checkpoint as a policy: `policy_from_checkpoint` and `eval.load_policy`."""
+"""A finished run: its summary lines, and its checkpoint as a policy (`policy_from_checkpoint`,
+`eval.load_policy`)."""
 
+import os
 import shutil
 
 import jax
@@ -12,10 +14,25 @@ from gdro_jax import tasks, train
 from tests.train.configs import small_run_config
 
 
+def _assert_describes(result, workdir):
+    """`describe_outputs`: the steps, the last step's reward and accuracy, every output's path."""
+    text = train.describe_outputs(result, workdir)
+    last = train.read_metrics(workdir / "metrics.jsonl")[-1]
+    first, *paths = text.splitlines()
+    assert first == (
+        f"grpo: 2 of 2 steps done; last step: reward {last['reward']:.3f}, "
+        f"accuracy {last['accuracy']:.3f}"
+    )
+    named = {line.split(": ")[0].strip() for line in paths}
+    outputs = {"metrics.jsonl", "checkpoints", "model", "summary.json"}  # no tb/: tensorboard off
+    assert named == {os.path.join(workdir, name) for name in outputs}
+
+
 def test_the_newest_checkpoint_gives_the_final_policy_and_reads_only(tmp_path):
     config = small_run_config(steps=2, **{"checkpoint.every_steps": 1})
     workdir = tmp_path / "run"
     result = train.train(config, workdir)
+    _assert_describes(result, workdir)
     shutil.rmtree(workdir / "model")  # only the checkpoints remain
     listing = sorted(p.relative_to(workdir) for p in workdir.rglob("*"))
 

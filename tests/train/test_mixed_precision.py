@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 from gdro_jax import sampling, train
-from tests.train.configs import tiny_config
+from tests.train.configs import small_run_config, tiny_config
 
 
 def _parity_reward(prompt_ids, tokens, lengths, prompt_of_slot):
@@ -19,7 +19,7 @@ def _parity_reward(prompt_ids, tokens, lengths, prompt_of_slot):
 
 @pytest.fixture(scope="module")
 def bf16_step():
-    config = tiny_config("gdro_both", **{"model.compute_dtype": "bfloat16"})
+    config = small_run_config("gdro_both", **{"model.compute_dtype": "bfloat16"})
     config.optimizer.learning_rate = 1e-6
     run = train.build_run(config, reward_fn=_parity_reward)
     before = jax.tree.map(np.array, run.state.params)
