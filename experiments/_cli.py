@@ -32,8 +32,7 @@ def _debugging() -> bool:
 
 
 def _fail(message: str) -> None:
-    hint = f" ({DEBUG_ENV}=1 shows the traceback)" if "\n" not in message else ""
-    print(f"error: {message}{hint}", file=sys.stderr)
+    print(f"error: {message} ({DEBUG_ENV}=1 shows the traceback)", file=sys.stderr)
     sys.exit(2)
 
 

@@ -230,11 +230,12 @@ def evaluate_task(
 
 
 def evaluate_with(
-    model, task_config: tasks.ChainTaskConfig, rows, eval_config, progress: bool
+    model, task_config: tasks.ChainTaskConfig, rows, eval_config, progress: bool, **kwargs
 ) -> TaskEvaluation:
     """`evaluate_task` with the sampling settings of an `eval` config block (`seed`,
-    `num_samples`, `temperature`, `top_p`, `top_k`, `batch_size`), as the warm start, the demo
-    and the evaluation entry point use it."""
+    `num_samples`, `temperature`, `top_p`, `top_k`, `batch_size`: a ConfigDict or a
+    `TaskEvalSettings`), as the warm start, the demo and the evaluation entry point use it;
+    `kwargs` (`sampler`, `on_batch`) go to `evaluate_task`."""
     return evaluate_task(
         model,
         rows,
@@ -246,6 +247,7 @@ def evaluate_with(
         top_k=eval_config.top_k,
         batch_size=eval_config.batch_size,
         progress=progress,
+        **kwargs,
     )
 
 

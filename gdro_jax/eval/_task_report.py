@@ -25,14 +25,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import jax
 import numpy as np
 
 from gdro_jax import tasks
 from gdro_jax.eval._math_eval import REPORT_JSON, REPORT_MARKDOWN, _check_int
 from gdro_jax.eval._math_files import COMPLETIONS_FILE, SAMPLES_FILE, SETTINGS_FILE
 from gdro_jax.eval._passk import PassSummary, summarize_counts
-from gdro_jax.eval._task_eval import TaskEvaluation, evaluate_task
+from gdro_jax.eval._task_eval import TaskEvaluation, evaluate_with
 from gdro_jax.sampling import generate
 
 FRONTIER_K = 8
@@ -266,17 +265,12 @@ def evaluate_task_policy(
             ]
 
     tick = time.perf_counter()
-    evaluation = evaluate_task(
+    evaluation = evaluate_with(
         model,
-        rows,
         task_config,
-        key=jax.random.key(settings.seed),
-        num_samples=settings.num_samples,
-        temperature=settings.temperature,
-        top_p=settings.top_p,
-        top_k=settings.top_k,
-        batch_size=settings.batch_size,
-        progress=progress,
+        rows,
+        settings,
+        progress,
         sampler=sampler,
         on_batch=keep_completions if save_completions else None,
     )

@@ -38,8 +38,6 @@ from gdro_jax.train._preemption import TrainingInterrupted, stop_on_signals
 from gdro_jax.train._resume import open_checkpoints, resume
 from gdro_jax.train._state import TrainState
 
-MODEL_DIR = models.MODEL_DIR  # the final policy, an HF folder with the tokenizer
-
 
 def run_step(run: Run, state: TrainState, prompt_ids: np.ndarray):
     """One RL step. Returns `(state, metrics, seconds)` with seconds split by phase."""
@@ -126,7 +124,7 @@ def train(
             if finished is None:
                 models.save_pretrained(
                     nnx.merge(run.graphdef, state.params),
-                    os.path.join(workdir, MODEL_DIR),
+                    os.path.join(workdir, models.MODEL_DIR),
                     tokenizer=run.task.tokenizer,
                 )
         finally:
@@ -174,7 +172,7 @@ def describe_outputs(result: dict[str, Any], workdir: str | os.PathLike) -> str:
         ("metrics.jsonl", "per-step metrics"),
         ("tb", "TensorBoard events (tensorboard --logdir ...)"),
         ("checkpoints", "checkpoints (rerun the same command to resume)"),
-        (MODEL_DIR, "the final policy, an HF folder with its tokenizer"),
+        (models.MODEL_DIR, "the final policy, an HF folder with its tokenizer"),
         ("summary.json", "this summary"),
     ):
         path = os.path.join(os.fspath(workdir), name)
@@ -261,7 +259,7 @@ def _open_metrics(workdir, config, resumed: Checkpoint | None) -> MetricsWriter:
 def _finished_summary(workdir, step: int) -> dict[str, Any] | None:
     """The summary of `workdir` if it holds the final policy of a run that completed `step`."""
     path = os.path.join(workdir, "summary.json")
-    if not (os.path.exists(path) and os.path.isdir(os.path.join(workdir, MODEL_DIR))):
+    if not (os.path.exists(path) and os.path.isdir(os.path.join(workdir, models.MODEL_DIR))):
         return None
     with open(path, encoding="utf-8") as file:
         summary = json.load(file)

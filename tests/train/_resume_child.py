@@ -15,19 +15,12 @@ variables make the process die at a chosen point, for `test_resume.py`:
 import os
 import signal
 
-import jax.numpy as jnp
 from absl import app
 from orbax.checkpoint._src.path import atomicity
 
 from experiments import train as entry_point
 from gdro_jax.train import _loop
-
-
-def parity_reward(prompt_ids, tokens, lengths, prompt_of_slot):
-    """+1 when the first completion token is even, else -1."""
-    del prompt_ids, lengths, prompt_of_slot
-    correct = tokens[:, 0] % 2 == 0
-    return jnp.where(correct, 1.0, -1.0), correct
+from tests.train.configs import parity_reward
 
 
 def _step_from_env(name: str) -> int | None:

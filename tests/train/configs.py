@@ -1,5 +1,7 @@
 """Tiny RL configs for the trainer tests: `tiny_cpu` shrunk so one step compiles in seconds."""
 
+import jax.numpy as jnp
+
 from experiments.configs import tiny_cpu
 
 
@@ -35,3 +37,11 @@ def small_run_config(method="grpo", **overrides):
     """`tiny_config` cut to 4 prompts x 2 rollouts of 8 tokens, a 16-problem pool and one layer:
     the runs of the checkpoint, resume, guard and bad-input tests."""
     return tiny_config(method, **{**SMALL_RUN, **overrides})
+
+
+def parity_reward(prompt_ids, tokens, lengths, prompt_of_slot):
+    """A jittable reward a random policy earns about half the time: +1 when the first completion
+    token is even, else -1 (mixed groups, so advantages and allocations are non-trivial)."""
+    del prompt_ids, lengths, prompt_of_slot
+    correct = tokens[:, 0] % 2 == 0
+    return jnp.where(correct, 1.0, -1.0), correct

@@ -7,21 +7,14 @@ import pytest
 from flax import nnx
 
 from gdro_jax import sampling, train
-from tests.train.configs import small_run_config, tiny_config
-
-
-def _parity_reward(prompt_ids, tokens, lengths, prompt_of_slot):
-    """A reward a random policy earns about half the time: first token even."""
-    del prompt_ids, lengths, prompt_of_slot
-    correct = tokens[:, 0] % 2 == 0
-    return jnp.where(correct, 1.0, -1.0), correct
+from tests.train.configs import parity_reward, small_run_config, tiny_config
 
 
 @pytest.fixture(scope="module")
 def bf16_step():
     config = small_run_config("gdro_both", **{"model.compute_dtype": "bfloat16"})
     config.optimizer.learning_rate = 1e-6
-    run = train.build_run(config, reward_fn=_parity_reward)
+    run = train.build_run(config, reward_fn=parity_reward)
     before = jax.tree.map(np.array, run.state.params)
     state, metrics, _ = train.run_step(run, run.state, next(run.prompt_batches))
     return run, before, state, metrics

@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 
 from gdro_jax import train
-from tests.train.configs import tiny_config
+from tests.train.configs import parity_reward, tiny_config
 
 
 def _config(method="grpo", **overrides):
@@ -102,7 +102,7 @@ def test_grpo_step_equals_a_hand_written_reference():
 def test_controller_decisions_never_recompile_the_step():
     # A reward earned about half the time gives mixed groups, and a pool of two batches makes
     # every prompt come back: the classifier spreads prompts over bins, so both adversaries act.
-    run = train.build_run(_config("gdro_both", **{"task.pool_size": 16}), reward_fn=_parity_reward)
+    run = train.build_run(_config("gdro_both", **{"task.pool_size": 16}), reward_fn=parity_reward)
     plans = []
 
     def recorded_plan(*args):
@@ -134,18 +134,11 @@ def test_controller_decisions_never_recompile_the_step():
     assert max(np.ptp(plan.advantage_weights) for plan in plans) > 0.05
 
 
-def _parity_reward(prompt_ids, tokens, lengths, prompt_of_slot):
-    """A reward a random policy earns about half the time: first token even."""
-    del prompt_ids, lengths, prompt_of_slot
-    correct = tokens[:, 0] % 2 == 0
-    return jnp.where(correct, 1.0, -1.0), correct
-
-
 @pytest.mark.parametrize("method", ["gdro_both"])
 def test_two_steps_on_one_device_and_an_eight_device_mesh_agree(method):
     results = []
     for mesh in (dict(data=1, fsdp=1, tensor=1), dict(data=2, fsdp=2, tensor=2)):
-        run = train.build_run(_config(method, mesh=mesh), reward_fn=_parity_reward)
+        run = train.build_run(_config(method, mesh=mesh), reward_fn=parity_reward)
         state = run.state
         rows = []
         for _ in range(2):
