@@ -1,0 +1,150 @@
+"""`benchmarks/accelerator.py` on CPU: the `--shape=tiny` smoke run's JSON figures against counts
+written out here from the tiny config, and the one-line refusal without `--shape=tiny`."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gdro_jax import models
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PEAK_TFLOPS, PEAK_HBM_GBS = 2.0, 50.0
+SECTIONS = {
+    "update": (
+        "compile_s", "median_s", "times_s", "slots", "minibatches", "prompt_len", "new_tokens",
+        "tokens", "reference_forward", "model_flops", "flops_per_s", "mfu",
+    ),
+    "decode": (
+        "compile_s", "median_s", "times_s", "slots", "prompt_len", "new_tokens", "tokens",
+        "tokens_per_s", "least_bytes", "roofline_fraction",
+    ),
+    "prefill_sharing": (
+        "slots", "prompts", "prompt_len", "new_tokens", "shared", "per_slot", "speedup",
+    ),
+}  # fmt: skip
+TOP_LEVEL = (
+    "shape", "device_kind", "platform", "jax_version", "repeats", "model", "param_count",
+    "matmul_weights", "param_dtype", "compute_dtype", "peak_flops", "peak_hbm_bytes_per_s",
+    "peaks_from", *SECTIONS,
+)  # fmt: skip
+
+
+def _run(*argv, **env):
+    return subprocess.run(
+        [sys.executable, "-m", "benchmarks.accelerator", *argv],
+        cwd=REPO_ROOT,
+        env=dict(os.environ, JAX_PLATFORMS="cpu", **env),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("accelerator") / "figures.json"
+    completed = _run(
+        "--shape=tiny",
+        "--repeats=2",
+        f"--out={out}",
+        f"--peak-tflops={PEAK_TFLOPS}",
+        f"--peak-hbm-gbs={PEAK_HBM_GBS}",
+        # Only the figures' relations are asserted, not their values: compile a third faster.
+        JAX_DISABLE_MOST_OPTIMIZATIONS="1",
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    return json.loads(out.read_text()), completed.stdout
+
+
+def _positive_finite(value):
+    return isinstance(value, int | float) and math.isfinite(value) and value > 0
+
+
+def test_the_report_holds_every_figure_and_prints_the_table(run):
+    report, printed = run
+    assert set(TOP_LEVEL) <= set(report)
+    for section, keys in SECTIONS.items():
+        assert set(keys) <= set(report[section]), section
+    assert report["shape"] == "tiny" and report["platform"] == "cpu" and report["repeats"] == 2
+    assert (report["param_dtype"], report["compute_dtype"]) == ("float32", "bfloat16")
+    assert report["peak_flops"] == PEAK_TFLOPS * 1e12
+    assert report["peak_hbm_bytes_per_s"] == PEAK_HBM_GBS * 1e9
+    for timing in (report["update"], report["decode"], *(report["prefill_sharing"][k]
+                   for k in ("shared", "per_slot"))):  # fmt: skip
+        assert len(timing["times_s"]) == 2 and all(map(_positive_finite, timing["times_s"]))
+        assert _positive_finite(timing["median_s"]) and timing["compile_s"] >= 0
+    for row in ("| update", "| decode", "| prefill shared / per slot", "MFU ", "HBM roofline "):
+        assert row in printed
+
+
+def test_update_flops_and_mfu_match_a_hand_count_from_the_tiny_config(run):
+    report, _ = run
+    c = models.DecoderConfig.tiny()
+    assert report["model"]["d_model"] == c.d_model and report["model"]["vocab_size"] == c.vocab_size
+    V, D, L, N, K, H, F = (
+        c.vocab_size, c.d_model, c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.mlp_dim
+    )  # fmt: skip
+    # Matmul weights per layer: q [D, N*H], k and v [D, K*H], o [N*H, D], gate/up [D, F], down
+    # [F, D]; plus the tied output projection [D, V].
+    per_layer = D * N * H + 2 * D * K * H + N * H * D + 3 * D * F
+    weights = L * per_layer + V * D
+    assert report["matmul_weights"] == weights
+    # All parameters: the same plus four norm scales per layer (2 of D, q/k of H), the final norm.
+    assert report["param_count"] == L * (per_layer + 2 * D + 2 * H) + V * D + D
+
+    update = report["update"]
+    R, T = update["slots"], update["prompt_len"] + update["new_tokens"]
+    assert R == 16 and T == 32 and update["tokens"] == R * T
+    dense_forward = 2 * weights * R * T  # a multiply-add is 2 FLOPs
+    attention_forward = R * L * N * (2 * T * T * H + 2 * T * T * H)  # QK^T, then AV
+    # Forward + backward (twice the forward) of the policy, plus the KL reference's forward.
+    assert update["reference_forward"] is True
+    expected = 4 * (dense_forward + attention_forward)
+    assert update["model_flops"] == expected
+    mfu = expected / update["median_s"] / (PEAK_TFLOPS * 1e12)
+    assert update["mfu"] == pytest.approx(mfu, rel=1e-9)
+    assert math.isfinite(update["mfu"]) and update["mfu"] > 0
+
+
+def test_decode_throughput_and_roofline_fraction(run):
+    report, _ = run
+    decode, c = report["decode"], models.DecoderConfig.tiny()
+    R, P, M = decode["slots"], decode["prompt_len"], decode["new_tokens"]
+    assert decode["tokens"] == R * M  # no stop id: every slot generates M tokens
+    assert _positive_finite(decode["tokens_per_s"])
+    assert decode["tokens_per_s"] == pytest.approx(R * M / decode["median_s"], rel=1e-9)
+    bf16 = 2  # bytes
+    kv_bytes_per_position = 2 * c.num_layers * c.num_kv_heads * c.head_dim * bf16
+    least = sum(
+        report["param_count"] * bf16 + R * (P + t) * kv_bytes_per_position for t in range(1, M)
+    )
+    assert decode["least_bytes"] == least
+    # On CPU the fraction of a made-up bandwidth need not be <= 1, only well defined.
+    assert _positive_finite(decode["roofline_fraction"])
+    fraction = least / (PEAK_HBM_GBS * 1e9) / decode["median_s"]
+    assert decode["roofline_fraction"] == pytest.approx(fraction, rel=1e-9)
+
+
+def test_prefill_sharing_speedup_is_the_ratio_of_medians(run):
+    report, _ = run
+    sharing = report["prefill_sharing"]
+    assert _positive_finite(sharing["speedup"])
+    ratio = sharing["per_slot"]["median_s"] / sharing["shared"]["median_s"]
+    assert sharing["speedup"] == pytest.approx(ratio, rel=1e-9)
+    assert sharing["slots"] == sharing["prompts"] * 4
+
+
+def test_without_shape_tiny_it_refuses_cpu_in_one_line(tmp_path):
+    out = tmp_path / "figures.json"
+    completed = _run(f"--out={out}")
+    assert completed.returncode == 2, completed.stderr[-2000:]
+    lines = [line for line in completed.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in completed.stderr, completed.stderr[-2000:]
+    assert lines[0].startswith("error: ") and "--shape=tiny" in lines[0]
+    assert "shape=qwen3_1p7b" in lines[0]
+    assert not out.exists()
