@@ -10,6 +10,10 @@ from the newest checkpoint in `--workdir` (exactly: same data order, RNG and con
 `--config.steps` may be raised to extend a finished run. On SIGTERM or Ctrl-C the step in flight
 finishes and is checkpointed, and the process exits with status 128 + the signal number (143 for
 SIGTERM, 130 for SIGINT), so a scheduler or a shell `&&` does not take the run for finished.
+
+Several processes (hosts): the same command in every process, plus `--coordinator_address`,
+`--num_processes` and `--process_id`, or `--distributed` to let JAX read the cluster; inside a
+SLURM job with several tasks nothing needs adding (README: "Several hosts").
 """
 
 import sys
@@ -24,17 +28,30 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file.
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Folder for metrics, checkpoints, TensorBoard and summaries; resumed if set."
 )
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None, "Several processes: process 0's host:port (with the two below)."
+)
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Several processes: how many.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "Several processes: this one's index.")
+_DISTRIBUTED = flags.DEFINE_bool(
+    "distributed", False, "Several processes, found by JAX (SLURM, Open MPI, Cloud TPU, GKE)."
+)
 flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
     del argv
+    # Before any device is touched: joins a multi-process run (flags, SLURM or a TPU slice).
+    train.initialize_distributed(
+        _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value, auto=_DISTRIBUTED.value
+    )
     try:
         result = train.train(_CONFIG.value, _WORKDIR.value)
     except train.TrainingInterrupted as stop:
         logging.warning("%s", stop)
         sys.exit(128 + stop.signum)
-    print(train.describe_outputs(result, _WORKDIR.value))
+    if train.is_primary():
+        print(train.describe_outputs(result, _WORKDIR.value))
 
 
 if __name__ == "__main__":

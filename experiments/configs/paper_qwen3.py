@@ -44,6 +44,12 @@ def paper_config(size: str) -> ml_collections.ConfigDict:
     config.num_prompts = 256
     config.n_mean = 4
     config.max_new_tokens = 4096
+    # Not in the paper: R = 1024 slots decoded 128 at a time, so the decode cache holds 128 x
+    # (1024 + 4096) slots, 11.3 GiB per device for Qwen3-8B in bfloat16 on 1x8x1 instead of 90
+    # GiB for all 1024 (python -m gdro_jax.models.footprint --batch 128 --seq-len 5120), next to
+    # 4.5 GiB for the 256 prompts' shared prefill. Per-slot keys make the completions the same
+    # for any value (up to the matmuls' rounding at another batch size): resumable.
+    config.rollout = ml_collections.ConfigDict(dict(micro_batch_slots=128))
     config.reward_values = (-1.0, 1.0)
     config.task_kind = "math"
     config.math = ml_collections.ConfigDict(
@@ -68,6 +74,10 @@ def paper_config(size: str) -> ml_collections.ConfigDict:
     # norms, softmax, log-probs and the loss stay float32.
     config.model.update(param_dtype="float32", compute_dtype="bfloat16")
     config.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=8, tensor=1))
+    # Memory per device in GiB: build_run refuses a run whose memory plan exceeds it before
+    # allocating, naming the knob (python -m experiments.plan prints the plan). None (a float
+    # placeholder, so that --config.device_memory_gib=80 parses): no check.
+    config.device_memory_gib = ml_collections.config_dict.placeholder(float)
     # Checkpoints in workdir/checkpoints: every K steps, at the last step and on SIGTERM/Ctrl-C;
     # the newest `keep` are kept (each holds params, both Adam moments and the reference).
     config.checkpoint = ml_collections.ConfigDict(dict(enabled=True, every_steps=25, keep=3))
@@ -94,6 +104,11 @@ def paper_config(size: str) -> ml_collections.ConfigDict:
             advantage_clip=5.0,
             loss_signal="surrogate",  # the released code's; "surrogate_kl" is the written one
             temperature=1.0,
+            # Not in the paper: gradient accumulation over micro-batches of 16 of the 512 slots of
+            # a mini-batch, 2 per device on the 8 batch shards (data x fsdp), so the update holds
+            # the activations of 2 x (1024 + 4096) tokens per device instead of 64 x that. The
+            # same update up to float rounding (resumable).
+            micro_batch_slots=16,
         )
     )
     config.guards = controller_defaults.guards()

@@ -21,6 +21,12 @@ def get_config() -> ml_collections.ConfigDict:
     config.num_prompts = 32
     config.n_mean = 4
     config.max_new_tokens = 48  # the task's longest solution (8 levels: 6 * 8 tokens)
+    # Rollout slots decoded at a time (the KV cache holds that many sequences); None (an int
+    # placeholder, so that --config.rollout.micro_batch_slots=8 parses): all R at once. Per-slot
+    # keys make the completions the same either way, so a resumed run may change it.
+    config.rollout = ml_collections.ConfigDict(
+        dict(micro_batch_slots=ml_collections.config_dict.placeholder(int))
+    )
     config.reward_values = (-1.0, 1.0)
     # The task and the policy shape: shared with the other config (see chain_setup.py).
     config.task = chain_setup.task()
@@ -28,6 +34,10 @@ def get_config() -> ml_collections.ConfigDict:
     config.init_from = ""
     config.model = chain_setup.model()
     config.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=1))
+    # Memory per device in GiB: build_run refuses a run whose memory plan exceeds it before
+    # allocating, naming the knob (python -m experiments.plan prints the plan). None (a float
+    # placeholder, so that --config.device_memory_gib=80 parses): no check.
+    config.device_memory_gib = ml_collections.config_dict.placeholder(float)
     # Checkpoints in workdir/checkpoints: every K steps, at the last step and on SIGTERM/Ctrl-C;
     # the newest `keep` are kept. A rerun with the same workdir resumes exactly.
     config.checkpoint = ml_collections.ConfigDict(dict(enabled=True, every_steps=10, keep=2))
@@ -54,6 +64,10 @@ def get_config() -> ml_collections.ConfigDict:
             advantage_clip=5.0,
             loss_signal="failure_rate",
             temperature=1.0,
+            # Gradient accumulation: slots per forward/backward pass, dividing a mini-batch
+            # (R / num_minibatches); None (an int placeholder, so that the flag parses): the whole
+            # mini-batch at once. The same update up to float rounding, so a resume may change it.
+            micro_batch_slots=ml_collections.config_dict.placeholder(int),
         )
     )
     config.guards = controller_defaults.guards()

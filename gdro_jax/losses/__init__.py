@@ -9,7 +9,8 @@ group statistics are segment reductions.
   ragged groups and the per-group statistics behind them.
 - `weighted_advantages`: Prompt-GDRO's per-prompt advantage multipliers applied to the slots.
 - `clipped_surrogate`, `k3_kl`: per-token clipped surrogate (clip-higher) and k3 KL estimate.
-- `aggregate`: the three loss aggregations (`AGGREGATIONS`).
+- `aggregate`: the three loss aggregations (`AGGREGATIONS`); `aggregation_normalizer`: their
+  denominators over a whole mini-batch, shared by its micro-batches (gradient accumulation).
 - `policy_loss`: the mini-batch loss with its metrics.
 - `masked_cross_entropy`: the warm start's token-mean cross-entropy on the weighted targets.
 - `segment_mean`: the weighted mean per segment (group or bin), shared with the controllers.
@@ -24,7 +25,12 @@ from gdro_jax.losses._advantages import (
     informative_fraction,
     weighted_advantages,
 )
-from gdro_jax.losses._aggregation import AGGREGATIONS, aggregate
+from gdro_jax.losses._aggregation import (
+    AGGREGATIONS,
+    AggregationNormalizer,
+    aggregate,
+    aggregation_normalizer,
+)
 from gdro_jax.losses._policy_loss import policy_loss
 from gdro_jax.losses._segments import segment_mean
 from gdro_jax.losses._signals import SIGNALS, prompt_loss_signal
@@ -35,9 +41,11 @@ __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "AGGREGATIONS",
     "SIGNALS",
+    "AggregationNormalizer",
     "GroupStats",
     "SurrogateStats",
     "aggregate",
+    "aggregation_normalizer",
     "clipped_surrogate",
     "group_advantages",
     "group_statistics",

@@ -14,6 +14,12 @@ removes that length bias. Deviation, shared by the sequence modes: the mean over
 fully masked slots (padding), where the references average over every row of the batch; with no
 masked slot the two agree. An all-masked batch aggregates to 0.
 
+Gradient accumulation: every aggregation is a sum over tokens or sequences divided by a count of
+the whole batch (`sum_it m_it`, `|S|`). `aggregation_normalizer` computes those counts once for a
+mini-batch; `aggregate(..., normalizer=...)` of one of its micro-batches is then that micro-batch's
+share, and the shares of the micro-batches sum to the mini-batch's aggregate (dividing each by its
+own count would weigh a micro-batch of short responses like one of long ones).
+
 References:
   Yu et al., 2025 (DAPO), arXiv 2503.14476, section 3.3 (token-level policy-gradient loss).
   Shao et al., 2024 (GRPO), arXiv 2402.03300, eq. 3.
@@ -22,6 +28,9 @@ References:
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import chex
 import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
@@ -29,6 +38,31 @@ from jax.typing import ArrayLike
 from gdro_jax.losses._validation import check_choice, check_positive, check_token_arrays
 
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+
+
+class AggregationNormalizer(NamedTuple):
+    """The denominators of the aggregations over a whole (mini-)batch, each floored at 1."""
+
+    tokens: jax.Array  # [] float32 valid tokens: token_mean's denominator
+    sequences: jax.Array  # [] float32 sequences with a valid token: the sequence modes'
+
+
+def aggregation_normalizer(mask_RT: ArrayLike) -> AggregationNormalizer:
+    """The denominators of `aggregate` for the rows of `mask_RT`, to share with its micro-batches.
+
+    Args:
+      mask_RT: [R, T] bool (or 0/1) valid-token mask of the whole mini-batch.
+
+    Returns:
+      An `AggregationNormalizer`: `max(sum_it m_it, 1)` and `max(|S|, 1)`.
+    """
+    mask_RT = jnp.asarray(mask_RT).astype(bool)
+    chex.assert_rank(mask_RT, 2)
+    tokens_R = jnp.sum(mask_RT, axis=-1, dtype=jnp.float32)
+    return AggregationNormalizer(
+        tokens=jnp.maximum(jnp.sum(tokens_R), 1.0),
+        sequences=jnp.maximum(jnp.sum(tokens_R > 0, dtype=jnp.float32), 1.0),
+    )
 
 
 def check_aggregation(mode: str, max_length: float | None, *, name: str = "mode") -> float | None:
@@ -53,6 +87,7 @@ def aggregate(
     *,
     mode: str,
     max_length: float | None = None,
+    normalizer: AggregationNormalizer | None = None,
 ) -> jax.Array:
     """Aggregates per-token values into a scalar (see the module docstring for the equations).
 
@@ -63,9 +98,12 @@ def aggregate(
       mode: one of `AGGREGATIONS`: "token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm".
       max_length: the constant normaliser `L_max > 0` of "seq_mean_token_sum_norm" (required
         there, ignored otherwise); usually the maximum response length `T`.
+      normalizer: the denominators to divide by, from `aggregation_normalizer` of the whole
+        mini-batch when these rows are one of its micro-batches: the result is then this
+        micro-batch's share of the mini-batch's aggregate. None: these rows' own.
 
     Returns:
-      float32[] the aggregate.
+      float32[] the aggregate (or share).
 
     Raises:
       ValueError: naming `mode` for an unknown mode, or `max_length` when it is missing or <= 0
@@ -79,13 +117,14 @@ def aggregate(
     per_token_RT = jnp.asarray(per_token_RT, jnp.float32)
     mask_RT = jnp.asarray(mask_RT).astype(bool)
     check_token_arrays(mask_RT, per_token_RT=per_token_RT)
+    if normalizer is None:
+        normalizer = aggregation_normalizer(mask_RT)
     values_RT = jnp.where(mask_RT, per_token_RT, 0.0)
-    tokens_R = jnp.sum(mask_RT, axis=-1, dtype=jnp.float32)
     if mode == "token_mean":
-        return jnp.sum(values_RT) / jnp.maximum(jnp.sum(tokens_R), 1.0)
+        return jnp.sum(values_RT) / normalizer.tokens
     if mode == "seq_mean_token_mean":
+        tokens_R = jnp.sum(mask_RT, axis=-1, dtype=jnp.float32)
         per_sequence_R = jnp.sum(values_RT, axis=-1) / jnp.maximum(tokens_R, 1.0)
     else:
         per_sequence_R = jnp.sum(values_RT, axis=-1) / max_length
-    num_sequences = jnp.sum(tokens_R > 0, dtype=jnp.float32)
-    return jnp.sum(per_sequence_R) / jnp.maximum(num_sequences, 1.0)
+    return jnp.sum(per_sequence_R) / normalizer.sequences

@@ -17,7 +17,12 @@ from __future__ import annotations
 import jax
 from jax.typing import ArrayLike
 
-from gdro_jax.losses._aggregation import aggregate, check_aggregation
+from gdro_jax.losses._aggregation import (
+    AggregationNormalizer,
+    aggregate,
+    aggregation_normalizer,
+    check_aggregation,
+)
 from gdro_jax.losses._surrogate import clipped_surrogate, k3_kl
 from gdro_jax.losses._validation import check_at_least
 
@@ -42,6 +47,7 @@ def policy_loss(
     kl_coef: float = 0.0,
     ref_logp_RT: ArrayLike | None = None,
     max_length: float | None = None,
+    normalizer: AggregationNormalizer | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """GRPO/DAPO policy loss with clip-higher, optional k3 KL and a selectable aggregation.
 
@@ -65,6 +71,10 @@ def policy_loss(
       kl_coef: `beta >= 0`, static (paper: 0.001). 0 skips the KL term entirely.
       ref_logp_RT: float[R, T] reference-policy log-probabilities; required iff `kl_coef > 0`.
       max_length: constant normaliser for "seq_mean_token_sum_norm".
+      normalizer: for gradient accumulation, `aggregation_normalizer` of the whole mini-batch
+        these rows are a micro-batch of: the loss, its gradient and every metric are then this
+        micro-batch's shares, which sum over the micro-batches to the mini-batch's values. None:
+        these rows are the whole mini-batch.
 
     Returns:
       `(loss, metrics)`: float32[] loss to minimise, and a dict of float32[] scalars:
@@ -83,10 +93,20 @@ def policy_loss(
     """
     max_length = check_aggregation(aggregation, max_length, name="aggregation")
     kl_coef = check_kl(kl_coef, ref_logp_RT)
+    if normalizer is None:
+        normalizer = aggregation_normalizer(mask_RT)
     surrogate_RT, stats = clipped_surrogate(
-        logp_RT, old_logp_RT, adv_R, mask_RT, eps_low=eps_low, eps_high=eps_high
+        logp_RT,
+        old_logp_RT,
+        adv_R,
+        mask_RT,
+        eps_low=eps_low,
+        eps_high=eps_high,
+        token_count=normalizer.tokens,
     )
-    pg_loss = -aggregate(surrogate_RT, mask_RT, mode=aggregation, max_length=max_length)
+    pg_loss = -aggregate(
+        surrogate_RT, mask_RT, mode=aggregation, max_length=max_length, normalizer=normalizer
+    )
     metrics = {
         "pg_loss": pg_loss,
         "clip_fraction_low": stats.clip_fraction_low,
@@ -96,7 +116,12 @@ def policy_loss(
     loss = pg_loss
     if kl_coef > 0:
         kl_RT = k3_kl(logp_RT, ref_logp_RT, mask_RT)
-        loss = loss + kl_coef * aggregate(kl_RT, mask_RT, mode=aggregation, max_length=max_length)
-        metrics["kl"] = jax.lax.stop_gradient(aggregate(kl_RT, mask_RT, mode="token_mean"))
+        kl = aggregate(
+            kl_RT, mask_RT, mode=aggregation, max_length=max_length, normalizer=normalizer
+        )
+        loss = loss + kl_coef * kl
+        metrics["kl"] = jax.lax.stop_gradient(
+            aggregate(kl_RT, mask_RT, mode="token_mean", normalizer=normalizer)
+        )
     metrics["loss"] = loss
     return loss, metrics

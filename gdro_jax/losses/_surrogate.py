@@ -35,8 +35,9 @@ class SurrogateStats(NamedTuple):
     ratio_mean: jax.Array  # [] float32 mean importance ratio rho
 
 
-def _token_mean(values_RT: jax.Array, mask_RT: jax.Array) -> jax.Array:
-    count = jnp.maximum(jnp.sum(mask_RT, dtype=jnp.float32), 1.0)
+def _token_mean(values_RT: jax.Array, mask_RT: jax.Array, count: jax.Array | None) -> jax.Array:
+    if count is None:
+        count = jnp.maximum(jnp.sum(mask_RT, dtype=jnp.float32), 1.0)
     return jnp.sum(jnp.where(mask_RT, values_RT, 0.0), dtype=jnp.float32) / count
 
 
@@ -48,6 +49,7 @@ def clipped_surrogate(
     *,
     eps_low: float = 0.2,
     eps_high: float = 0.28,
+    token_count: ArrayLike | None = None,
 ) -> tuple[jax.Array, SurrogateStats]:
     """Per-token clipped surrogate objective (to maximise) with asymmetric clipping.
 
@@ -66,6 +68,9 @@ def clipped_surrogate(
       mask_RT: [R, T] bool (or 0/1) valid-token mask; non-zero means valid.
       eps_low: `0 <= eps_low < 1`, lower clip range (SPEC 2: 0.2).
       eps_high: `>= 0`, upper clip range (SPEC 2: 0.28, DAPO's clip-higher).
+      token_count: float[] the statistics' denominator: the valid tokens of the whole mini-batch
+        when these rows are one of its micro-batches (the statistics are then this micro-batch's
+        shares, which sum to the mini-batch's). None: these rows' own, at least 1.
 
     Returns:
       `(surrogate_RT, stats)`: float32[R, T] objective, 0 on masked tokens; a `SurrogateStats`.
@@ -100,9 +105,9 @@ def clipped_surrogate(
     low_RT = mask_RT & (adv_RT < 0) & (ratio_RT < 1.0 - eps_low)
     high_RT = mask_RT & (adv_RT > 0) & (ratio_RT > 1.0 + eps_high)
     stats = SurrogateStats(
-        clip_fraction_low=_token_mean(low_RT.astype(jnp.float32), mask_RT),
-        clip_fraction_high=_token_mean(high_RT.astype(jnp.float32), mask_RT),
-        ratio_mean=_token_mean(jax.lax.stop_gradient(ratio_RT), mask_RT),
+        clip_fraction_low=_token_mean(low_RT.astype(jnp.float32), mask_RT, token_count),
+        clip_fraction_high=_token_mean(high_RT.astype(jnp.float32), mask_RT, token_count),
+        ratio_mean=_token_mean(jax.lax.stop_gradient(ratio_RT), mask_RT, token_count),
     )
     return surrogate_RT, stats
 

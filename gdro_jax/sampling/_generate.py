@@ -10,6 +10,19 @@ start at 0 at each prompt's first real token, as in transformers' left-padded `g
 Prefill sharing (SPEC section 6). GRPO draws several completions per prompt: `prompt_of_slot[R]`
 maps each of the R sampled sequences to one of the N distinct prompts. Each distinct prompt is
 prefilled once; its keys/values are then copied to all its slots.
+
+Micro-batches. With `micro_batch_slots=C` the R slots are decoded C at a time by a `lax.map`
+over chunks inside the one compiled function: the N prompts are still prefilled once, each chunk
+gathers its slots' prefix keys/values into a cache of C x (P + M) slots (instead of R x (P + M))
+and runs its own while loop, which stops as soon as that chunk's slots have stopped. When C does
+not divide R the last chunk is padded with slots that are stopped from the start (their tokens
+are dropped).
+
+Randomness. Slot r's token at step t is drawn with `fold_in(fold_in(key, r), t)`, one uniform
+per slot: a slot's completion depends on the key, its slot index and its prompt only, never on
+which other slots share its batch, so chunked and unchunked sampling give the same tokens, up to
+the rounding of matmuls whose kernel depends on the batch size (none for chunks of 5 or 8 on
+CPU in the tests; a batch of one there moves log-probs by ~1e-6).
 """
 
 from __future__ import annotations
@@ -24,8 +37,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
-from gdro_jax.models import Decoder, KVCache
+from gdro_jax.models import Decoder, KVCache, fit_spec
 
 
 class FinishReason(enum.IntEnum):
@@ -47,13 +61,15 @@ class GenerationResult(NamedTuple):
 
 
 class _LoopState(NamedTuple):
+    """The decode loop's carry for one chunk of C slots (C = R without micro-batches)."""
+
     step: jax.Array  # [] int32 index of the next token to sample
-    cache: KVCache  # L x [R, K, S, H] keys and values
-    tokens: jax.Array  # [R, M] int32
-    logprobs: jax.Array  # [R, M] float32
-    done: jax.Array  # [R] bool
-    lengths: jax.Array  # [R] int32
-    finish_reasons: jax.Array  # [R] int32
+    cache: KVCache  # L x [C, K, S, H] keys and values
+    tokens: jax.Array  # [C, M] int32
+    logprobs: jax.Array  # [C, M] float32
+    done: jax.Array  # [C] bool
+    lengths: jax.Array  # [C] int32
+    finish_reasons: jax.Array  # [C] int32
 
 
 def sample_logits(
@@ -70,7 +86,8 @@ def sample_logits(
 
     Args:
       logits_RV: next-token logits.
-      key: PRNG key.
+      key: a PRNG key (R uniforms drawn from it), or [R] keys, one per row (row r's draw then
+        depends on its own key only, whatever the other rows).
       temperature: divides the logits (ignored when greedy).
       top_p: keep the smallest set of most likely tokens whose probability reaches top_p (after
         top-k); the most likely token is always kept.
@@ -129,7 +146,12 @@ def _inverse_cdf_draw(key: jax.Array, weights_RV: jax.Array, fallback_R: jax.Arr
     blocks_RnS = jnp.pad(weights_RV, ((0, 0), (0, count * size - V))).reshape(R, count, size)
     mass_Rn = jnp.sum(blocks_RnS, axis=-1)
     cdf_Rn = jnp.cumsum(mass_Rn, axis=-1)
-    target_R1 = jax.random.uniform(key, (R, 1), jnp.float32) * cdf_Rn[:, -1:]
+    typed = jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
+    if key.ndim == (0 if typed else 1):  # one key for the batch
+        uniform_R1 = jax.random.uniform(key, (R, 1), jnp.float32)
+    else:
+        uniform_R1 = jax.vmap(lambda row_key: jax.random.uniform(row_key, (1,), jnp.float32))(key)
+    target_R1 = uniform_R1 * cdf_Rn[:, -1:]
     block_R = jnp.minimum(jnp.sum(cdf_Rn <= target_R1, axis=-1), count - 1)
     inside_RS = jnp.take_along_axis(blocks_RnS, block_R[:, None, None], axis=1)[:, 0]
     before_R1 = jnp.take_along_axis(cdf_Rn - mass_Rn, block_R[:, None], axis=1)
@@ -154,6 +176,20 @@ def _left_align(tokens_NP, lengths_N, pad_id):
     return jnp.where(valid_NP, moved_NP, pad_id), valid_NP
 
 
+def _slots_on_batch(model: Decoder, tree, slot_axis: int = 0):
+    """Puts every leaf's slot axis on the model's batch mesh axes; the identity without a mesh."""
+    if model.mesh is None:
+        return tree
+    batch_axes = model.sharding.tokens_bt[0]
+
+    def place(x):
+        spec = PartitionSpec(*(None,) * slot_axis, batch_axes)
+        spec = fit_spec(spec, x.shape, dict(model.mesh.shape))
+        return jax.lax.with_sharding_constraint(x, NamedSharding(model.mesh, spec))
+
+    return jax.tree.map(place, tree)
+
+
 @functools.partial(
     jax.jit,
     static_argnames=(
@@ -164,6 +200,7 @@ def _left_align(tokens_NP, lengths_N, pad_id):
         "use_top_p",
         "share_prefill",
         "pad_id",
+        "micro_batch_slots",
     ),
 )
 def _generate(
@@ -183,11 +220,13 @@ def _generate(
     use_top_p: bool,
     share_prefill: bool,
     pad_id: int,
+    micro_batch_slots: int,
 ) -> GenerationResult:
     model: Decoder = nnx.merge(graphdef, state)
     N, P = tokens_NP.shape
-    R, M = prompt_of_slot_R.shape[0], max_new_tokens
+    R, M, C = prompt_of_slot_R.shape[0], max_new_tokens, micro_batch_slots
     S = P + M
+    num_chunks = -(-R // C)
     sample = functools.partial(
         sample_logits,
         temperature=temperature,
@@ -200,7 +239,6 @@ def _generate(
     lengths_N = lengths_N.astype(jnp.int32)
     left_NP, valid_NP = _left_align(tokens_NP.astype(jnp.int32), lengths_N, pad_id)
     positions_NP = jnp.maximum(jnp.cumsum(valid_NP, axis=1) - 1, 0)
-    lengths_R = lengths_N[prompt_of_slot_R]
 
     def prefill(tokens_BP, positions_BP, valid_BP):
         empty = model.init_cache(tokens_BP.shape[0], P)
@@ -210,69 +248,91 @@ def _generate(
         return model.logits(h_BPD[:, -1:])[:, 0], cache
 
     if share_prefill:
-        logits_NV, prefix = prefill(left_NP, positions_NP, valid_NP)
-        logits_RV = logits_NV[prompt_of_slot_R]
-        prefix = jax.tree.map(lambda a: a[prompt_of_slot_R], prefix)
+        logits_NV, prefix_N = prefill(left_NP, positions_NP, valid_NP)
+    layers = model.layer_slices()  # weights sliced once, outside the decode loops
+
+    def decode_chunk(slot_C):
+        """Decodes the slots `slot_C` (indices >= R pad the last chunk: stopped from the start)."""
+        prompt_C = prompt_of_slot_R[jnp.minimum(slot_C, R - 1)]
+        lengths_C = lengths_N[prompt_C]
+        if share_prefill:
+            logits_CV = logits_NV[prompt_C]
+            prefix = jax.tree.map(lambda a: a[prompt_C], prefix_N)
+        else:
+            logits_CV, prefix = prefill(
+                left_NP[prompt_C], positions_NP[prompt_C], valid_NP[prompt_C]
+            )
+        cache = jax.tree.map(
+            lambda empty, p: jax.lax.dynamic_update_slice(empty, p, (0, 0, 0, 0)),
+            model.init_cache(C, S),
+            prefix,
+        )
+        key_mask_CS = jnp.arange(S)[None, :] >= (P - lengths_C)[:, None]
+        slot_keys_C = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, slot_C)
+
+        def record(state: _LoopState, logits_CV) -> _LoopState:
+            step_keys_C = jax.vmap(jax.random.fold_in, in_axes=(0, None))(slot_keys_C, state.step)
+            token_C, logprob_C = sample(logits_CV, step_keys_C)
+            active_C = ~state.done
+            token_C = jnp.where(active_C, token_C, pad_id)
+            logprob_C = jnp.where(active_C, logprob_C, 0.0)
+            stopped_C = active_C & jnp.any(token_C[:, None] == eos_ids_E[None, :], axis=-1)
+            return state._replace(
+                step=state.step + 1,
+                tokens=jax.lax.dynamic_update_index_in_dim(state.tokens, token_C, state.step, 1),
+                logprobs=jax.lax.dynamic_update_index_in_dim(
+                    state.logprobs, logprob_C, state.step, 1
+                ),
+                done=state.done | stopped_C,
+                lengths=state.lengths + active_C.astype(jnp.int32),
+                finish_reasons=jnp.where(stopped_C, int(FinishReason.EOS), state.finish_reasons),
+            )
+
+        def decode(state: _LoopState) -> _LoopState:
+            t = state.step
+            last_C = jax.lax.dynamic_index_in_dim(state.tokens, t - 1, axis=1, keepdims=False)
+            h_C1D, cache = model.extend_cache(
+                last_C[:, None],
+                (lengths_C + t - 1)[:, None],
+                cache=state.cache,
+                cache_index=P + t - 1,
+                key_mask_BS=key_mask_CS,
+                layers=layers,
+            )
+            return record(state._replace(cache=cache), model.logits(h_C1D)[:, 0])
+
+        def not_finished(state: _LoopState) -> jax.Array:
+            return (state.step < M) & ~jnp.all(state.done)
+
+        start = _LoopState(
+            step=jnp.zeros((), jnp.int32),
+            cache=cache,
+            tokens=jnp.full((C, M), pad_id, jnp.int32),
+            logprobs=jnp.zeros((C, M), jnp.float32),
+            done=slot_C >= R,
+            lengths=jnp.zeros((C,), jnp.int32),
+            finish_reasons=jnp.full((C,), int(FinishReason.LENGTH), jnp.int32),
+        )
+        final = jax.lax.while_loop(not_finished, decode, record(start, logits_CV))
+        outputs = final.tokens, final.logprobs, final.lengths, final.finish_reasons
+        return _slots_on_batch(model, outputs)
+
+    slot_KC = jnp.arange(num_chunks * C, dtype=jnp.int32).reshape(num_chunks, C)
+    if num_chunks == 1:
+        outputs = decode_chunk(slot_KC[0])
     else:
-        logits_RV, prefix = prefill(
-            left_NP[prompt_of_slot_R], positions_NP[prompt_of_slot_R], valid_NP[prompt_of_slot_R]
-        )
-    cache = jax.tree.map(
-        lambda empty, p: jax.lax.dynamic_update_slice(empty, p, (0, 0, 0, 0)),
-        model.init_cache(R, S),
-        prefix,
-    )
-    key_mask_RS = jnp.arange(S)[None, :] >= (P - lengths_R)[:, None]
-    layers = model.layer_slices()  # weights sliced once, outside the decode loop
-
-    def record(state: _LoopState, logits_RV) -> _LoopState:
-        token_R, logprob_R = sample(logits_RV, jax.random.fold_in(key, state.step))
-        active_R = ~state.done
-        token_R = jnp.where(active_R, token_R, pad_id)
-        logprob_R = jnp.where(active_R, logprob_R, 0.0)
-        stopped_R = active_R & jnp.any(token_R[:, None] == eos_ids_E[None, :], axis=-1)
-        return state._replace(
-            step=state.step + 1,
-            tokens=jax.lax.dynamic_update_index_in_dim(state.tokens, token_R, state.step, 1),
-            logprobs=jax.lax.dynamic_update_index_in_dim(state.logprobs, logprob_R, state.step, 1),
-            done=state.done | stopped_R,
-            lengths=state.lengths + active_R.astype(jnp.int32),
-            finish_reasons=jnp.where(stopped_R, int(FinishReason.EOS), state.finish_reasons),
-        )
-
-    def decode(state: _LoopState) -> _LoopState:
-        t = state.step
-        last_R = jax.lax.dynamic_index_in_dim(state.tokens, t - 1, axis=1, keepdims=False)
-        h_R1D, cache = model.extend_cache(
-            last_R[:, None],
-            (lengths_R + t - 1)[:, None],
-            cache=state.cache,
-            cache_index=P + t - 1,
-            key_mask_BS=key_mask_RS,
-            layers=layers,
-        )
-        return record(state._replace(cache=cache), model.logits(h_R1D)[:, 0])
-
-    def not_finished(state: _LoopState) -> jax.Array:
-        return (state.step < M) & ~jnp.all(state.done)
-
-    start = _LoopState(
-        step=jnp.zeros((), jnp.int32),
-        cache=cache,
-        tokens=jnp.full((R, M), pad_id, jnp.int32),
-        logprobs=jnp.zeros((R, M), jnp.float32),
-        done=jnp.zeros((R,), bool),
-        lengths=jnp.zeros((R,), jnp.int32),
-        finish_reasons=jnp.full((R,), int(FinishReason.LENGTH), jnp.int32),
-    )
-    final = jax.lax.while_loop(not_finished, decode, record(start, logits_RV))
+        # One traced chunk, run num_chunks times: the cache holds C slots whatever R is.
+        outputs = _slots_on_batch(model, jax.lax.map(decode_chunk, slot_KC), slot_axis=1)
+        outputs = jax.tree.map(lambda a: a.reshape(num_chunks * C, *a.shape[2:])[:R], outputs)
+        outputs = _slots_on_batch(model, outputs)
+    tokens_RM, logprobs_RM, lengths_R, finish_reasons_R = outputs
     return GenerationResult(
-        tokens=final.tokens,
-        logprobs=final.logprobs,
-        lengths=final.lengths,
-        finish_reasons=final.finish_reasons,
+        tokens=tokens_RM,
+        logprobs=logprobs_RM,
+        lengths=lengths_R,
+        finish_reasons=finish_reasons_R,
         prompt_tokens=left_NP[prompt_of_slot_R],
-        prompt_lengths=lengths_R,
+        prompt_lengths=lengths_N[prompt_of_slot_R],
     )
 
 
@@ -295,12 +355,14 @@ def generate(
     pad_id: int = 0,
     prompt_bucket: int = 64,
     share_prefill: bool = True,
+    micro_batch_slots: int | None = None,
 ) -> GenerationResult:
     """Samples completions of a batch of prompts with a KV cache, in one compiled loop.
 
     Compiles once per (number of prompts, number of slots, padded prompt length, max_new_tokens,
-    top_k, greedy or not, top-p on or off, number of stop ids); the temperature and top_p values,
-    the stop ids, the slot map and the key are traced, so changing them does not recompile.
+    top_k, greedy or not, top-p on or off, number of stop ids, micro-batch size); the temperature
+    and top_p values, the stop ids, the slot map and the key are traced, so changing them does
+    not recompile.
 
     Args:
       model: the Decoder (sharded or not).
@@ -308,7 +370,9 @@ def generate(
         of `prompt_bucket`), or an int array [N, P] whose row i holds prompt i in its first
         `prompt_lengths[i]` entries (right padding; P is used as is). Every prompt needs at least
         one token.
-      key: PRNG key; the same key and inputs give the same result.
+      key: PRNG key; the same key and inputs give the same result. Slot r's token t is drawn
+        with `fold_in(fold_in(key, r), t)`, so a slot's completion does not depend on the other
+        slots or on `micro_batch_slots`.
       max_new_tokens: M, the most tokens generated per slot.
       temperature: softmax temperature; 0 means greedy (argmax).
       top_p: nucleus filter, in (0, 1]; 1 disables it.
@@ -321,6 +385,11 @@ def generate(
       prompt_bucket: list prompts are padded to a multiple of this length (fewer compilations).
       share_prefill: prefill each distinct prompt once and copy its cache to its slots (True), or
         prefill every slot separately (False; same result, for benchmarking).
+      micro_batch_slots: decode the R slots in chunks of at most this many (a `lax.map` over
+        chunks in the same compiled function; the last chunk is padded when it does not divide
+        R), so the KV cache holds micro_batch_slots x (P + M) slots instead of R x (P + M), next
+        to the N x P prefill cache. None or 0: all R slots at once. Same completions either way
+        (up to float rounding, see the module docstring).
 
     Returns:
       GenerationResult with tokens/logprobs [R, M], lengths and finish reasons [R], and each
@@ -340,6 +409,15 @@ def generate(
         raise ValueError(f"top_k must be an int in [0, vocab_size={vocab}], got {top_k!r}")
     if not isinstance(prompt_bucket, int) or prompt_bucket < 1:
         raise ValueError(f"prompt_bucket must be a positive int, got {prompt_bucket!r}")
+    if micro_batch_slots is not None and (
+        isinstance(micro_batch_slots, bool)
+        or not isinstance(micro_batch_slots, int)
+        or micro_batch_slots < 0
+    ):
+        raise ValueError(
+            "micro_batch_slots must be None or an int >= 0 (0: all slots at once), got "
+            f"micro_batch_slots={micro_batch_slots!r}"
+        )
 
     if isinstance(prompt_tokens, list | tuple):
         if prompt_lengths is not None:
@@ -371,6 +449,7 @@ def generate(
                 f"prompt_of_slot must be a [R] vector of prompt indices in [0, {num_prompts}), "
                 f"got {concrete}"
             )
+    num_slots = np.shape(prompt_of_slot)[0]
     graphdef, state = nnx.split(model)
     return _generate(
         graphdef,
@@ -388,4 +467,5 @@ def generate(
         use_top_p=top_p < 1,
         share_prefill=share_prefill,
         pad_id=int(pad_id),
+        micro_batch_slots=min(micro_batch_slots or num_slots, num_slots),
     )

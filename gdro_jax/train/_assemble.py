@@ -1,7 +1,7 @@
 """`build_run`: a config in, everything a run needs out (task, policy, controllers, jitted phases).
 
     plan    jit(gdro.plan)                     replicated out
-    rollout jit(sample_rollouts)               slots on the batch axes
+    rollout jit(KVCacheEngine.generate)        slots on the batch axes (or another RolloutEngine)
     reward  jit(device reward) or a host call  under config.reward_timeout_s
     update  jit(make_update), state donated    explicit out shardings
 
@@ -18,6 +18,7 @@ import grain
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -31,8 +32,15 @@ from gdro_jax.train._components import (
     mesh_from_config,
     num_bins,
 )
-from gdro_jax.train._guards import HostRewardCaller, check_model_fits, validate_config
-from gdro_jax.train._rollouts import Rollouts, sample_rollouts
+from gdro_jax.train._distributed import to_host
+from gdro_jax.train._guards import (
+    HostRewardCaller,
+    check_model_fits,
+    micro_batch_slots,
+    validate_config,
+)
+from gdro_jax.train._plan import check_memory_plan
+from gdro_jax.train._rollouts import KVCacheEngine, RolloutEngine, Rollouts, WeightSync
 from gdro_jax.train._state import TrainState, init_train_state, state_shardings
 from gdro_jax.train._step import GRPOConfig, make_update
 
@@ -98,7 +106,13 @@ def _load_policy(config: ml_collections.ConfigDict, mesh) -> models.Decoder:
     if config.init_from:
         compute_dtype = config.model.get("compute_dtype", "float32")
         return models.from_pretrained(
-            config.init_from, dtype="float32", compute_dtype=compute_dtype, mesh=mesh
+            config.init_from,
+            dtype="float32",
+            compute_dtype=compute_dtype,
+            mesh=mesh,
+            # The checkpoint fixes the architecture; how it runs comes from the config.
+            remat=config.model.get("remat", False),
+            scan_layers=config.model.get("scan_layers", True),
         )
     model_config = models.DecoderConfig(**config.model.to_dict())
     return models.init_decoder(model_config, seed=config.seed, mesh=mesh)
@@ -125,6 +139,8 @@ def _host_reward_phase(caller: HostRewardCaller, mesh, num_slots: int) -> Callab
     slot_sharding = batch_sharding(mesh, (num_slots,))
 
     def reward(prompt_ids, rollouts: Rollouts, plan: controllers.Plan) -> Rollouts:
+        if jax.process_count() > 1:
+            return _grade_local_slots(caller, prompt_ids, rollouts, plan, slot_sharding)
         rewards_R, correct_R = caller(
             jax.device_get(prompt_ids),
             jax.device_get(rollouts.tokens),
@@ -137,22 +153,68 @@ def _host_reward_phase(caller: HostRewardCaller, mesh, num_slots: int) -> Callab
     return reward
 
 
-def _rollout_phase(config, task: RLTask, graphdef, grpo_config: GRPOConfig, mesh) -> Callable:
+def _grade_local_slots(caller, prompt_ids, rollouts: Rollouts, plan, slot_sharding) -> Rollouts:
+    """Several processes: each grades only the slots on its own devices, on its own host, and
+    the scores are assembled into global arrays placed like the slots."""
+    ids_N = to_host(prompt_ids)  # replicated: every process holds all of them
+    prompt_of_slot_R = to_host(plan.prompt_of_slot)
+    num_slots = prompt_of_slot_R.shape[0]
+
+    def rows(index) -> tuple[int, int]:
+        return index[0].start or 0, num_slots if index[0].stop is None else index[0].stop
+
+    tokens = {rows(shard.index): shard.data for shard in rollouts.tokens.addressable_shards}
+    lengths = {rows(shard.index): shard.data for shard in rollouts.lengths.addressable_shards}
+    graded = {
+        (start, stop): caller(
+            ids_N,
+            np.asarray(tokens[start, stop]),
+            np.asarray(lengths[start, stop]),
+            prompt_of_slot_R[start:stop],
+        )
+        for start, stop in sorted(tokens)
+    }
+    placed = slot_sharding.addressable_devices_indices_map((num_slots,))
+
+    def assemble(which: int, dtype) -> jax.Array:
+        arrays = [
+            jax.device_put(np.asarray(graded[rows(index)][which], dtype), device)
+            for device, index in placed.items()
+        ]
+        return jax.make_array_from_single_device_arrays((num_slots,), slot_sharding, arrays)
+
+    return rollouts._replace(rewards=assemble(0, np.float32), correct=assemble(1, bool))
+
+
+def _rollout_phase(
+    config, task: RLTask, graphdef, grpo_config: GRPOConfig, mesh, sync: WeightSync | None = None
+) -> Callable:
+    """The built-in KV-cache sampler in one jit, or `sync.engine` (passed to `build_run`) called
+    eagerly after syncing its weights when the parameters changed (e.g. a resumed state)."""
     prompt_tokens = jnp.asarray(task.prompt_tokens)
     prompt_lengths = jnp.asarray(task.prompt_lengths)
+    if sync is not None:
+
+        def external_rollout(params, plan, prompt_ids, key):
+            sync(params)
+            result = sync.engine.generate(
+                params, plan, prompt_tokens[prompt_ids], prompt_lengths[prompt_ids], key
+            )
+            return jax.tree.map(lambda x: jax.device_put(x, batch_sharding(mesh, x.shape)), result)
+
+        return external_rollout
+    engine = KVCacheEngine(
+        graphdef,
+        max_new_tokens=config.max_new_tokens,
+        temperature=grpo_config.temperature,
+        eos_ids=task.eos_ids,
+        micro_batch_slots=micro_batch_slots(config),
+    )
 
     @jax.jit
     def rollout(params, plan, prompt_ids, key):
-        result = sample_rollouts(
-            graphdef,
-            params,
-            plan,
-            prompt_tokens[prompt_ids],
-            prompt_lengths[prompt_ids],
-            key,
-            max_new_tokens=config.max_new_tokens,
-            temperature=grpo_config.temperature,
-            eos_ids=task.eos_ids,
+        result = engine.generate(
+            params, plan, prompt_tokens[prompt_ids], prompt_lengths[prompt_ids], key
         )
         return _constrain(mesh, result)
 
@@ -175,6 +237,7 @@ def build_run(
     *,
     reward_fn: RewardFn | None = None,
     host_reward_fn: RewardFn | None = None,
+    rollout_engine: RolloutEngine | None = None,
 ) -> Run:
     """Builds the task, policy, controllers, optimizer and the jitted step functions.
 
@@ -187,6 +250,9 @@ def build_run(
         `config.reward_values`.
       host_reward_fn: the same signature on numpy arrays, run on the host (e.g. a grader that
         cannot be jitted), under `config.reward_timeout_s`. At most one of the two.
+      rollout_engine: what samples the rollouts (a `RolloutEngine`); default the built-in
+        `KVCacheEngine`, fused into the jitted rollout phase. Another engine is called outside
+        jit and its `sync_weights` gets the parameters after every update.
 
     Returns:
       The `Run`. Call `run.close()` when done (it stops the math grader's workers).
@@ -203,14 +269,18 @@ def build_run(
         task = tasks.math_task(config)
     closers = [task.close]
     try:
-        return _assemble(config, task, task_config, splits, reward_fn, host_reward_fn, closers)
+        return _assemble(
+            config, task, task_config, splits, reward_fn, host_reward_fn, closers, rollout_engine
+        )
     except BaseException:
         for close in closers:
             close()
         raise
 
 
-def _assemble(config, task, task_config, splits, reward_fn, host_reward_fn, closers) -> Run:
+def _assemble(
+    config, task, task_config, splits, reward_fn, host_reward_fn, closers, rollout_engine=None
+) -> Run:
     num_dataset_prompts = task.num_prompts
     if config.num_prompts > num_dataset_prompts:
         raise ValueError(
@@ -218,6 +288,7 @@ def _assemble(config, task, task_config, splits, reward_fn, host_reward_fn, clos
             f"{num_dataset_prompts} prompts"
         )
     mesh = mesh_from_config(config)
+    check_memory_plan(config, mesh, task=task)  # with device_memory_gib: fails before allocating
     model = _load_policy(config, mesh)
     tasks.check_vocab(task, model.config.vocab_size)
     check_model_fits(
@@ -253,6 +324,10 @@ def _assemble(config, task, task_config, splits, reward_fn, host_reward_fn, clos
         prompt_adversary=prompt_adversary,
     )
     replicated = None if mesh is None else NamedSharding(mesh, P())
+    update = jax.jit(
+        update_fn, donate_argnums=0, out_shardings=(state_shardings(state), replicated)
+    )
+    sync = None if rollout_engine is None else WeightSync(rollout_engine)
     return Run(
         config=config,
         task=task,
@@ -263,11 +338,9 @@ def _assemble(config, task, task_config, splits, reward_fn, host_reward_fn, clos
         state=state,
         gdro=gdro,
         plan=jax.jit(gdro.plan, out_shardings=replicated),
-        rollout=_rollout_phase(config, task, graphdef, grpo_config, mesh),
+        rollout=_rollout_phase(config, task, graphdef, grpo_config, mesh, sync),
         reward=reward,
-        update=jax.jit(
-            update_fn, donate_argnums=0, out_shardings=(state_shardings(state), replicated)
-        ),
+        update=update if sync is None else sync.after(update),
         prompt_batches=_prompt_batches(config, num_dataset_prompts),
         reward_name=reward_name,
         closers=tuple(closers),

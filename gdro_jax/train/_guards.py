@@ -21,6 +21,7 @@ import ml_collections
 import numpy as np
 
 from gdro_jax.train._components import build_controllers
+from gdro_jax.train._distributed import to_host
 
 DEFAULT_MAX_CONSECUTIVE_SKIPS = 3
 
@@ -45,7 +46,7 @@ def validate_config(config: ml_collections.ConfigDict, *, num_devices: int | Non
     Checks: positive sizes; the rollout budget `N * n_mean` within `[N * n_min, N * n_max]` when
     Rollout-GDRO is on; the method and every controller hyperparameter (by building the
     controllers, whose factories validate them); the mesh against the devices; the `R` slots
-    against the mesh's batch axes and the mini-batches; the guard limit.
+    against the mesh's batch axes and the mini-batches; the rollout micro-batch; the guard limit.
 
     Args:
       config: a run config (see `experiments/configs/tiny_cpu.py`).
@@ -101,7 +102,38 @@ def validate_config(config: ml_collections.ConfigDict, *, num_devices: int | Non
             f"R = {num_slots} rollouts must split into config.grpo.num_minibatches={minibatches} "
             "equal mini-batches"
         )
+    chunk = micro_batch_slots(config)
+    if chunk is not None and chunk < num_slots and chunk % batch_shards:
+        raise ValueError(
+            f"config.rollout.micro_batch_slots must be a multiple of the mesh's batch axes "
+            f"(data x fsdp = {batch_shards}), so each chunk's slots split evenly over the "
+            f"devices, got micro_batch_slots={chunk}"
+        )
+    accumulate = config.grpo.get("micro_batch_slots", None)
+    per_minibatch = num_slots // minibatches
+    valid = isinstance(accumulate, int) and not isinstance(accumulate, bool) and accumulate > 0
+    if valid and per_minibatch % accumulate == 0 and accumulate % batch_shards:
+        # (GRPOConfig and make_update refuse sizes that are not positive or do not divide.)
+        raise ValueError(
+            f"config.grpo.micro_batch_slots must be a multiple of the mesh's batch axes "
+            f"(data x fsdp = {batch_shards}), or every device would compute the whole "
+            f"micro-batch, got micro_batch_slots={accumulate}"
+        )
     max_skips(config)
+
+
+def micro_batch_slots(config: ml_collections.ConfigDict) -> int | None:
+    """`config.rollout.micro_batch_slots`, validated: rollout slots decoded at a time (the KV
+    cache holds that many sequences); None (also when the block is absent, as in configs older
+    than the field) or 0: all R slots at once."""
+    rollout = config.get("rollout", None)
+    chunk = None if rollout is None else rollout.get("micro_batch_slots", None)
+    if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0):
+        raise ValueError(
+            "config.rollout.micro_batch_slots must be None or an int >= 0 (0 or None: all "
+            f"slots in one batch), got micro_batch_slots={chunk!r}"
+        )
+    return chunk or None
 
 
 def max_skips(config: ml_collections.ConfigDict) -> int:
@@ -193,7 +225,7 @@ class HostRewardCaller:
 
 def check_rewards(name: str, rewards_R: jax.Array) -> None:
     """Raises `RewardError` when device rewards hold a NaN or an infinity."""
-    rewards = np.asarray(jax.device_get(rewards_R))
+    rewards = np.asarray(to_host(rewards_R))  # every process sees every slot's reward
     _check_values(name, rewards, np.zeros(rewards.shape, bool), rewards.shape[0])
 
 

@@ -26,6 +26,7 @@ from gdro_jax import models
 from gdro_jax.tasks import RewardFn
 from gdro_jax.train._assemble import Run, build_run
 from gdro_jax.train._checkpoint import Checkpoint, checkpoint_options, save_checkpoint
+from gdro_jax.train._distributed import agreed_signal, global_array, is_primary, to_host
 from gdro_jax.train._guards import (
     RewardError,
     check_rewards,
@@ -33,9 +34,10 @@ from gdro_jax.train._guards import (
     max_skips,
     validate_config,
 )
-from gdro_jax.train._metrics import MetricsWriter, read_metrics, rewind_metrics
+from gdro_jax.train._metrics import MetricsWriter, RowsOnly, read_metrics, rewind_metrics
 from gdro_jax.train._preemption import TrainingInterrupted, stop_on_signals
 from gdro_jax.train._resume import open_checkpoints, resume
+from gdro_jax.train._rollouts import RolloutEngine
 from gdro_jax.train._state import TrainState
 
 
@@ -46,9 +48,11 @@ def run_step(run: Run, state: TrainState, prompt_ids: np.ndarray):
     # `state.step` stays on the device (no host sync); fold_in gives the same key as its int.
     key = jax.random.fold_in(jax.random.key(run.config.seed + 1), state.step)
     plan_key, sample_key = jax.random.split(key)
-    ids = jnp.asarray(prompt_ids, jnp.int32)
-    if run.mesh is not None:
-        ids = jax.device_put(ids, NamedSharding(run.mesh, P()))
+    if run.mesh is None:
+        ids = jnp.asarray(prompt_ids, jnp.int32)
+    else:
+        # Every process drew the same ids: each supplies its own devices' copies.
+        ids = global_array(np.asarray(prompt_ids, np.int32), NamedSharding(run.mesh, P()))
     plan = jax.block_until_ready(run.plan(state.gdro, ids, plan_key))
     times["plan"] = time.perf_counter() - start
     start = time.perf_counter()
@@ -79,6 +83,7 @@ def train(
     *,
     reward_fn: RewardFn | None = None,
     host_reward_fn: RewardFn | None = None,
+    rollout_engine: RolloutEngine | None = None,
 ) -> dict[str, Any]:
     """Runs `config.steps` RL steps, logging every step, and saves the final policy.
 
@@ -96,6 +101,7 @@ def train(
         `summary.json`, `checkpoints/` and the final policy as an HF folder with its tokenizer
         (`model/`) go.
       reward_fn, host_reward_fn: a reward replacing the task's (see `build_run`).
+      rollout_engine: another sampler behind the `RolloutEngine` interface (see `build_run`).
 
     Returns:
       A summary dict (the last step's metrics, mean step times, prompts skipped for length)
@@ -111,22 +117,31 @@ def train(
     enabled, every_steps, keep = checkpoint_options(config)
     manager = open_checkpoints(config, workdir, enabled=enabled, keep=keep)
     try:
-        run = build_run(config, reward_fn=reward_fn, host_reward_fn=host_reward_fn)
+        run = build_run(
+            config,
+            reward_fn=reward_fn,
+            host_reward_fn=host_reward_fn,
+            rollout_engine=rollout_engine,
+        )
         try:
             run, resumed = resume(run, config, manager)
-            with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as file:
-                file.write(config.to_json_best_effort(indent=2))
+            if is_primary():
+                with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as file:
+                    file.write(config.to_json_best_effort(indent=2))
             state, history, step_times = _train_loop(
                 run, config, workdir, manager=manager, resumed=resumed, every_steps=every_steps
             )
             completed = int(state.step)
             finished = None if history else _finished_summary(workdir, completed)
             if finished is None:
-                models.save_pretrained(
-                    nnx.merge(run.graphdef, state.params),
-                    os.path.join(workdir, models.MODEL_DIR),
-                    tokenizer=run.task.tokenizer,
-                )
+                # Gathered on every process (a collective), written by process 0.
+                params = to_host(state.params) if jax.process_count() > 1 else state.params
+                if is_primary():
+                    models.save_pretrained(
+                        nnx.merge(run.graphdef, params),
+                        os.path.join(workdir, models.MODEL_DIR),
+                        tokenizer=run.task.tokenizer,
+                    )
         finally:
             run.close()
     finally:
@@ -148,8 +163,9 @@ def train(
             for name in (step_times[0] if step_times else {})
         },
     }
-    with open(os.path.join(workdir, "summary.json"), "w", encoding="utf-8") as file:
-        json.dump(summary, file, indent=2)
+    if is_primary():
+        with open(os.path.join(workdir, "summary.json"), "w", encoding="utf-8") as file:
+            json.dump(summary, file, indent=2)
     return dict(summary, state=state, run=run)
 
 
@@ -225,17 +241,19 @@ def _train_loop(
                     refresh=False,
                 )
                 last = step + 1 == config.steps
+                # Several processes stop together: a signal to any one stops them all here.
+                signum = agreed_signal(stop.signum)
                 path = None
-                if manager is not None and ((step + 1) % every_steps == 0 or last or stop.signum):
+                if manager is not None and ((step + 1) % every_steps == 0 or last or signum):
                     path = save_checkpoint(
                         manager,
                         state,
                         run.prompt_batches,
                         config=config,
-                        metrics_bytes=os.path.getsize(writer.path),
+                        metrics_bytes=writer.size(),
                     )
-                if stop.signum is not None and not last:
-                    raise TrainingInterrupted(step + 1, stop.signum, path)
+                if signum is not None and not last:
+                    raise TrainingInterrupted(step + 1, signum, path)
     finally:
         bar.close()
         if writer is not None:
@@ -243,7 +261,9 @@ def _train_loop(
     return state, history, step_times
 
 
-def _open_metrics(workdir, config, resumed: Checkpoint | None) -> MetricsWriter:
+def _open_metrics(workdir, config, resumed: Checkpoint | None) -> MetricsWriter | RowsOnly:
+    if not is_primary():
+        return RowsOnly(workdir)
     if resumed is None:
         # A new run: metrics.jsonl starts afresh, so the rows are this run's only.
         return MetricsWriter(workdir, tensorboard=config.tensorboard, append=False)

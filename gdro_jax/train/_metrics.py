@@ -21,6 +21,7 @@ import numpy as np
 
 from gdro_jax import losses
 from gdro_jax.controllers import Plan, PromptGDRO
+from gdro_jax.train._distributed import broadcast_from_primary
 from gdro_jax.train._rollouts import Rollouts
 from gdro_jax.train._state import TrainState
 
@@ -152,6 +153,10 @@ class MetricsWriter:
                     self._tb.add_scalar(name, value, step)
         return row
 
+    def size(self) -> int:
+        """Bytes of `metrics.jsonl` written so far (every process gets process 0's figure)."""
+        return broadcast_from_primary(os.path.getsize(self.path))
+
     def close(self) -> None:
         self._file.close()
         if self._tb is not None:
@@ -162,6 +167,22 @@ class MetricsWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class RowsOnly:
+    """The `MetricsWriter` of processes other than 0 in a multi-process run: rows, no files."""
+
+    def __init__(self, workdir: str | os.PathLike):
+        self.path = os.path.join(workdir, "metrics.jsonl")
+
+    def write(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
+        return {"step": int(step), **to_host(metrics)}
+
+    def size(self) -> int:
+        return broadcast_from_primary(0)
+
+    def close(self) -> None:
+        pass
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:

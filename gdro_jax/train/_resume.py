@@ -34,6 +34,10 @@ RESUMABLE_FIELDS = (
     "eval",
     "guards",
     "reward_timeout_s",
+    "rollout.micro_batch_slots",
+    "device_memory_gib",
+    # Sums the same gradient in another order: the update up to float32 rounding, not bit for bit.
+    "grpo.micro_batch_slots",
     "math.data_dir",
     "math.grader_workers",
     "math.grader_timeout_s",

@@ -7,6 +7,7 @@ lives outside the state, so the state can be donated, checkpointed and `jax.eval
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -18,6 +19,7 @@ from jax.sharding import PartitionSpec as P
 
 from gdro_jax.controllers import GDROState, MultiAdversary
 from gdro_jax.models import Decoder
+from gdro_jax.train._distributed import global_array
 
 
 class TrainState(NamedTuple):
@@ -55,8 +57,7 @@ def init_train_state(
       `(graphdef, state)`; `nnx.merge(graphdef, state.params)` rebuilds the model.
     """
     graphdef, params = nnx.split(model, nnx.Param)
-    # Optimizer moments are created by a jitted init so they inherit the parameters' shardings.
-    opt_state = jax.jit(tx.init)(params)
+    opt_state = _init_optimizer(tx, params, model.mesh)
     reference = jax.tree.map(jnp.copy, params) if with_reference else None
     state = TrainState(
         params=params,
@@ -73,13 +74,7 @@ def init_train_state(
         # committed and uncommitted inputs as different signatures and would compile twice.
         state = jax.device_put(state, jax.devices()[0])
     else:
-        mesh = model.mesh
         state = state._replace(
-            # Optimizer leaves not derived from a parameter (Adam's step count) are replicated.
-            opt_state=jax.tree.map(
-                lambda x: x if len(x.sharding.device_set) == mesh.size else replicate(x, mesh),
-                state.opt_state,
-            ),
             gdro=replicate(state.gdro, model.mesh),
             key=replicate(state.key, model.mesh),
             step=replicate(state.step, model.mesh),
@@ -89,9 +84,39 @@ def init_train_state(
     return graphdef, state
 
 
+def _init_optimizer(tx: optax.GradientTransformation, params: nnx.State, mesh: Mesh | None):
+    """The optimizer state, created on its shards: each moment like its parameter (AdamW's mu
+    and nu are as large as the parameters), the rest (the step count) replicated."""
+    if mesh is None:
+        return jax.jit(tx.init)(params)
+    param_shardings = jax.tree.map(lambda leaf: leaf.sharding, params)
+    replicated = NamedSharding(mesh, P())
+    shardings = optax.tree_map_params(
+        tx,
+        lambda _, sharding: sharding,
+        jax.eval_shape(tx.init, params),
+        param_shardings,
+        transform_non_params=lambda _: replicated,
+        is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct),
+    )
+    return jax.jit(tx.init, out_shardings=shardings)(params)
+
+
 def replicate(tree, mesh: Mesh):
-    """Places every leaf of `tree` fully replicated on `mesh`."""
-    return jax.device_put(tree, NamedSharding(mesh, P()))
+    """Places every leaf of `tree` fully replicated on `mesh` (which may span processes: every
+    process then holds the same value and supplies its own devices' copies)."""
+    sharding = NamedSharding(mesh, P())
+    if jax.process_count() == 1:
+        return jax.device_put(tree, sharding)
+
+    def put(leaf):
+        if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            data = global_array(jax.device_get(jax.random.key_data(leaf)), sharding)
+            wrap = functools.partial(jax.random.wrap_key_data, impl=jax.random.key_impl(leaf))
+            return jax.jit(wrap, out_shardings=sharding)(data)
+        return global_array(jax.device_get(leaf), sharding)
+
+    return jax.tree.map(put, tree)
 
 
 def state_shardings(state: TrainState):

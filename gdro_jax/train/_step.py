@@ -3,6 +3,11 @@
     advantages over the slots' groups -> Prompt-GDRO multipliers -> mini-batch loss/grad ->
     optimizer; the three controller state transitions; the finite-or-keep guard; SPEC 10 metrics
 
+With `GRPOConfig.micro_batch_slots` a mini-batch's gradient is accumulated over micro-batches of
+that many slots (a `lax.scan`, one compiled body), each divided by the whole mini-batch's token
+and sequence counts, so the optimizer step, the loss and the metrics are the unaccumulated ones
+up to float rounding while only one micro-batch's activations are alive at a time.
+
 The update is jitted once with explicit shardings and the state donated; every array in it has a
 static shape (R slots whatever the allocation), so nothing recompiles when the controllers change
 their decisions.
@@ -19,7 +24,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from gdro_jax import losses
+from gdro_jax import losses, models
 from gdro_jax.controllers import MultiAdversary, Plan, PromptGDRO
 from gdro_jax.sampling import completion_logprobs
 from gdro_jax.train._metrics import step_metrics
@@ -45,6 +50,9 @@ class GRPOConfig:
     advantage_clip: float | None = 5.0
     loss_signal: str = "failure_rate"  # Prompt-GDRO's per-prompt signal, see losses.SIGNALS
     temperature: float = 1.0  # sampling temperature; log-probs are taken under it
+    # Gradient accumulation: slots per forward/backward pass, dividing each mini-batch; bounds
+    # activation memory. None: the whole mini-batch at once. Changes float rounding only.
+    micro_batch_slots: int | None = None
 
     def __post_init__(self):
         if not isinstance(self.num_minibatches, int) or self.num_minibatches < 1:
@@ -70,6 +78,37 @@ class GRPOConfig:
             raise ValueError(f"kl_coef must be >= 0, got kl_coef={self.kl_coef!r}")
         if not self.temperature > 0:
             raise ValueError(f"temperature must be > 0, got temperature={self.temperature!r}")
+        slots = self.micro_batch_slots
+        if slots is not None and (
+            not isinstance(slots, int) or isinstance(slots, bool) or slots < 1
+        ):
+            raise ValueError(
+                f"micro_batch_slots must be None or a positive int, got micro_batch_slots={slots!r}"
+            )
+
+
+def _check_micro_batches(
+    config: GRPOConfig, slots_per_minibatch: int, num_slots: int | None = None
+) -> None:
+    """Raises a ValueError unless `config.micro_batch_slots` divides a mini-batch's slots."""
+    micro = config.micro_batch_slots
+    if micro is not None and slots_per_minibatch % micro:
+        sizes = f"the {slots_per_minibatch} slots of a mini-batch"
+        if num_slots is not None:
+            sizes += f" (R = {num_slots} slots / grpo.num_minibatches={config.num_minibatches})"
+        raise ValueError(
+            f"grpo.micro_batch_slots must divide {sizes}; choose a divisor of "
+            f"{slots_per_minibatch} or None, got grpo.micro_batch_slots={micro}"
+        )
+
+
+def _zero_gradients(graphdef: nnx.GraphDef, params: nnx.State) -> nnx.State:
+    """Zeros shaped and placed like `params`: the gradient sum carried over micro-batches."""
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    model = nnx.merge(graphdef, zeros)
+    if model.mesh is None:
+        return zeros
+    return jax.lax.with_sharding_constraint(zeros, models.parameter_shardings(model, model.mesh))
 
 
 def _token_logprobs(graphdef, params, rollouts: Rollouts, idx, temperature: float) -> jax.Array:
@@ -99,40 +138,65 @@ def minibatch_step(
 ):
     """One optimizer step on the slots `idx`: the clipped-surrogate loss, its gradient, AdamW.
 
+    With `config.micro_batch_slots` the S slots are taken in micro-batches of that many (in the
+    order of `idx`) by a `lax.scan` that sums their gradients, losses and metrics; every
+    micro-batch divides by the whole mini-batch's counts (`losses.aggregation_normalizer`), so the
+    sums are the mini-batch's values for every aggregation, KL and token-mean metric included.
+
     Returns:
       `((params, opt_state), (metrics, logp_SM, ref_logp_SM))`: the policy's and the reference's
-      per-token log-probs of the mini-batch (zeros without KL) feed the adversaries' loss signal.
+      per-token log-probs of the mini-batch in the order of `idx` (zeros without KL) feed the
+      adversaries' loss signal.
     """
     params, opt_state = carry
     max_new_tokens = rollouts.tokens.shape[1]
+    _check_micro_batches(config, idx.shape[0])
+    normalizer = losses.aggregation_normalizer(mask_RM[idx])
 
-    def loss_fn(params):
-        logp = _token_logprobs(graphdef, params, rollouts, idx, config.temperature)
+    def loss_fn(params, micro_idx):
+        logp = _token_logprobs(graphdef, params, rollouts, micro_idx, config.temperature)
         ref_logp = None
         if config.kl_coef > 0:
             ref_logp = jax.lax.stop_gradient(
-                _token_logprobs(graphdef, ref_params, rollouts, idx, config.temperature)
+                _token_logprobs(graphdef, ref_params, rollouts, micro_idx, config.temperature)
             )
         loss, metrics = losses.policy_loss(
             logp,
-            rollouts.logprobs[idx],
-            weighted_adv_R[idx],
-            mask_RM[idx],
+            rollouts.logprobs[micro_idx],
+            weighted_adv_R[micro_idx],
+            mask_RM[micro_idx],
             eps_low=config.eps_low,
             eps_high=config.eps_high,
             aggregation=config.aggregation,
             kl_coef=config.kl_coef,
             ref_logp_RT=ref_logp,
             max_length=max_new_tokens,
+            normalizer=normalizer,
         )
-        return loss, (metrics, logp, ref_logp)
+        ref_logp = jnp.zeros_like(logp) if ref_logp is None else ref_logp
+        return loss, (metrics, jax.lax.stop_gradient(logp), ref_logp)
 
-    (_, (metrics, logp, ref_logp)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    loss_and_grad = jax.value_and_grad(loss_fn, has_aux=True)
+    if config.micro_batch_slots is None:
+        (_, (metrics, logp, ref_logp)), grads = loss_and_grad(params, idx)
+    else:
+
+        def accumulate(grads_sum, micro_idx):
+            (_, micro_outputs), grads = loss_and_grad(params, micro_idx)
+            return jax.tree.map(jnp.add, grads_sum, grads), micro_outputs
+
+        micro_idx_mK = idx.reshape(-1, config.micro_batch_slots)
+        grads, (shares, logp_mKM, ref_mKM) = jax.lax.scan(
+            accumulate, _zero_gradients(graphdef, params), micro_idx_mK
+        )
+        # Each share is already divided by the mini-batch's counts: the sum is the mean.
+        metrics = {name: jnp.sum(share_m) for name, share_m in shares.items()}
+        logp = logp_mKM.reshape(idx.shape[0], max_new_tokens)
+        ref_logp = ref_mKM.reshape(idx.shape[0], max_new_tokens)
     updates, opt_state = tx.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
     metrics = dict(metrics, grad_norm=optax.tree.norm(grads))
-    ref_logp = jnp.zeros_like(logp) if ref_logp is None else ref_logp
-    return (params, opt_state), (metrics, jax.lax.stop_gradient(logp), ref_logp)
+    return (params, opt_state), (metrics, logp, ref_logp)
 
 
 def keep_if_finite(
@@ -177,7 +241,8 @@ def make_update(
     """Builds the (unjitted) update `(state, plan, prompt_ids, rollouts) -> (state, metrics)`.
 
     Advantages over the R slots' groups -> Prompt-GDRO multipliers -> `num_minibatches`
-    optimizer steps over random slot subsets (`minibatch_step`) -> the adversaries' loss signal
+    optimizer steps over random slot subsets (`minibatch_step`, each accumulated over
+    micro-batches of `micro_batch_slots` slots if set) -> the adversaries' loss signal
     and the three controller transitions -> the finite-or-keep guard (`keep_if_finite`) -> the
     SPEC 10 metrics (`step_metrics`).
 
@@ -201,6 +266,7 @@ def make_update(
             f"num_minibatches={config.num_minibatches} equal mini-batches"
         )
     slots_per_minibatch = num_slots // config.num_minibatches
+    _check_micro_batches(config, slots_per_minibatch, num_slots)
 
     def update(state: TrainState, plan: Plan, prompt_ids: jax.Array, rollouts: Rollouts):
         key, perm_key = jax.random.split(state.key)

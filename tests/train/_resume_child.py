@@ -10,6 +10,7 @@ variables make the process die at a chosen point, for `test_resume.py`:
     GDRO_TEST_KILL_IN_SAVE=K      SIGKILL inside the save of step K, when every item is written
                                   but the step folder is not yet renamed into place
     GDRO_TEST_SIGTERM_IN_STEP=K   send itself SIGTERM while step K runs
+    GDRO_TEST_HOST_REWARD=1       score on the host (numpy parity) instead of inside jit
 """
 
 import os
@@ -20,7 +21,7 @@ from orbax.checkpoint._src.path import atomicity
 
 from experiments import train as entry_point
 from gdro_jax.train import _loop
-from tests.train.configs import parity_reward
+from tests.train.configs import host_parity_reward, parity_reward
 
 
 def _step_from_env(name: str) -> int | None:
@@ -30,7 +31,12 @@ def _step_from_env(name: str) -> int | None:
 
 def install_hooks() -> None:
     build_run = _loop.build_run
-    _loop.build_run = lambda config, **kwargs: build_run(config, reward_fn=parity_reward)
+    if os.environ.get("GDRO_TEST_HOST_REWARD"):
+        _loop.build_run = lambda config, **kwargs: build_run(
+            config, host_reward_fn=host_parity_reward
+        )
+    else:
+        _loop.build_run = lambda config, **kwargs: build_run(config, reward_fn=parity_reward)
 
     kill_after = _step_from_env("GDRO_TEST_KILL_AFTER_SAVE")
     if kill_after is not None:

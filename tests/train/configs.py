@@ -1,6 +1,7 @@
 """Tiny RL configs for the trainer tests: `tiny_cpu` shrunk so one step compiles in seconds."""
 
 import jax.numpy as jnp
+import numpy as np
 
 from experiments.configs import tiny_cpu
 
@@ -45,3 +46,10 @@ def parity_reward(prompt_ids, tokens, lengths, prompt_of_slot):
     del prompt_ids, lengths, prompt_of_slot
     correct = tokens[:, 0] % 2 == 0
     return jnp.where(correct, 1.0, -1.0), correct
+
+
+def host_parity_reward(prompt_ids, tokens, lengths, prompt_of_slot):
+    """`parity_reward` in numpy, for the host reward phase (the same scores)."""
+    del prompt_ids, lengths, prompt_of_slot
+    correct = np.asarray(tokens)[:, 0] % 2 == 0
+    return np.where(correct, 1.0, -1.0).astype(np.float32), correct

@@ -46,6 +46,11 @@ def _config(method="grpo", **overrides):
             r"config.num_prompts must be a positive int, got config.num_prompts=0",
         ),
         ({"mesh.tensor": 0}, r"config.mesh.tensor must be a positive int"),
+        (
+            # R = 8 in 2 mini-batches of 4, micro-batches of 1 over 2 batch shards.
+            {"grpo.micro_batch_slots": 1, "mesh.fsdp": 2},
+            r"config.grpo.micro_batch_slots must be a multiple of .* = 2\), or every device",
+        ),
     ],
 )
 def test_configs_that_cannot_work_name_the_field(overrides, message):

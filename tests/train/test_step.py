@@ -112,13 +112,15 @@ def test_controller_decisions_never_recompile_the_step():
 
     recording = run._replace(plan=recorded_plan)
     state = run.state
-    for _ in range(6):
+    # 8 steps: with this seed the policy soon earns the parity reward on most prompts, so the
+    # allocation changes only twice in the first 6 (per-slot sampling keys, issue 12 item 2).
+    for _ in range(8):
         state, metrics, _ = train.run_step(recording, state, next(run.prompt_batches))
     assert run.plan._cache_size() == 1
     assert run.rollout._cache_size() == 1
     assert run.reward._cache_size() == 1
     assert run.update._cache_size() == 1
-    assert int(state.step) == 6
+    assert int(state.step) == 8
     assert np.asarray(metrics["bin/rollouts"]).sum() == 8 * 4
     # The decisions really changed between steps: allocations, bins and multipliers.
     allocations = {tuple(plan.num_rollouts.tolist()) for plan in plans}

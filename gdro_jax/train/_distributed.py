@@ -1,0 +1,160 @@
+"""Several processes, one run: JAX's multi-controller runtime (one process per host or GPU).
+
+Every process runs the same program on its own devices; `jax.distributed.initialize` connects
+them, and a mesh built from `jax.devices()` then spans all of them. The trainer keeps every
+decision identical across processes by construction:
+
+    prompts      every process draws the same seeded batch of prompt ids (replicated)
+    controllers  their states are replicated arrays, updated inside the jitted step
+    rollouts     slots are sharded over the batch axes; each process samples its own slots
+    rewards      device rewards run inside jit; host rewards grade each process's own slots
+    writes       metrics, TensorBoard, config/summary and the exported model: process 0 only;
+                 orbax checkpoints are saved and restored by all processes together
+
+A stop request (SIGTERM on one host) is agreed on by all processes at the end of each step, so
+they checkpoint the same step and exit together.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+
+def _cluster_detected(environ: dict[str, str]) -> bool:
+    """True when the environment is a multi-process SLURM job or a multi-host TPU slice."""
+    if "SLURM_JOB_ID" in environ and int(environ.get("SLURM_NTASKS", "1")) > 1:
+        return True
+    if "," in environ.get("TPU_WORKER_HOSTNAMES", ""):
+        return True
+    return "MEGASCALE_COORDINATOR_ADDRESS" in environ
+
+
+def initialize(
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+    *,
+    auto: bool = False,
+    environ: dict[str, str] | None = None,
+    initialize_fn: Callable[..., Any] | None = None,
+) -> bool:
+    """Connects this process to the others of a multi-process run, or does nothing.
+
+    Explicit: all three of `coordinator_address` (`host:port` of process 0), `num_processes`
+    and `process_id`. Automatic: none of them, and either `auto` or an environment that names
+    several processes (a SLURM job with several tasks, a GKE TPU slice's `TPU_WORKER_HOSTNAMES`);
+    then `jax.distributed.initialize()` reads the cluster itself (SLURM, Open MPI, Cloud TPU
+    VMs through their metadata, GKE). Otherwise (one process) nothing happens. On CPU the gloo
+    collectives are selected.
+
+    Must run before anything touches a JAX device.
+
+    Args:
+      coordinator_address: process 0's `host:port`.
+      num_processes: number of processes in the run.
+      process_id: this process's index, in `[0, num_processes)`.
+      auto: let JAX detect the cluster even where the environment check above does not (e.g.
+        a Cloud TPU VM slice started with `gcloud ... ssh --worker=all`).
+      environ: the environment to inspect (default `os.environ`; for tests).
+      initialize_fn: what connects (default: gloo for CPUs, then `jax.distributed.initialize`;
+        for tests).
+
+    Returns:
+      True when the process joined a multi-process run.
+
+    Raises:
+      ValueError: only some of the three flags are given, or they are inconsistent.
+    """
+    environ = os.environ if environ is None else environ
+    initialize_fn = _connect if initialize_fn is None else initialize_fn
+    given = {
+        "coordinator_address": coordinator_address,
+        "num_processes": num_processes,
+        "process_id": process_id,
+    }
+    missing = [name for name, value in given.items() if value in (None, "")]
+    if len(missing) == len(given):
+        if not (auto or _cluster_detected(environ)):
+            return False
+        initialize_fn()
+        return True
+    if missing or auto:
+        if auto:
+            raise ValueError(
+                "--distributed lets JAX detect the cluster; do not also pass "
+                "--coordinator_address, --num_processes or --process_id"
+            )
+        raise ValueError(
+            f"a multi-process run needs --coordinator_address, --num_processes and --process_id "
+            f"together; missing --{', --'.join(missing)}"
+        )
+    if num_processes < 1 or not 0 <= process_id < num_processes:
+        raise ValueError(
+            f"--process_id must be in [0, --num_processes={num_processes}), got {process_id}"
+        )
+    if num_processes == 1:
+        return False
+    initialize_fn(
+        coordinator_address=coordinator_address,
+        num_processes=num_processes,
+        process_id=process_id,
+    )
+    return True
+
+
+def _connect(**kwargs) -> None:
+    # CPU devices of different processes talk through gloo; GPUs (NCCL) and TPUs (ICI/DCN)
+    # have their own, which this setting does not touch.
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(**kwargs)
+
+
+def is_primary() -> bool:
+    """True in process 0, the one that writes metrics, summaries and the exported model."""
+    return jax.process_index() == 0
+
+
+def global_array(value: Any, sharding: jax.sharding.Sharding) -> jax.Array:
+    """A global array with `sharding` from a host value every process holds in full.
+
+    Each process supplies its own devices' shards (`make_array_from_callback`), so this works
+    whether or not the sharding spans several processes.
+    """
+    value = np.asarray(value)
+    return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
+
+
+def agreed_signal(signum: int | None) -> int | None:
+    """The stop signal any process received (the largest number), the same in every process."""
+    if jax.process_count() == 1:
+        return signum
+    signals = multihost_utils.process_allgather(np.asarray(signum or 0, np.int32))
+    return int(np.max(signals)) or None
+
+
+def broadcast_from_primary(value: int) -> int:
+    """Process 0's `value` in every process (a collective when several run)."""
+    if jax.process_count() == 1:
+        return int(value)
+    return int(multihost_utils.broadcast_one_to_all(np.asarray(value, np.int32)))
+
+
+def to_host(tree: Any) -> Any:
+    """Every leaf as a full numpy array on every process (a collective when several run)."""
+    if jax.process_count() == 1:
+        return jax.device_get(tree)
+
+    def fetch(leaf):
+        if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+            if leaf.is_fully_replicated:
+                return np.asarray(leaf.addressable_data(0))
+            return np.asarray(multihost_utils.process_allgather(leaf, tiled=True))
+        return np.asarray(leaf)
+
+    return jax.tree.map(fetch, tree)

@@ -1,0 +1,395 @@
+"""A memory plan: what one training step holds per device, worked out before anything is allocated.
+
+    persistent   parameters (float32 masters), AdamW mu and nu, the KL reference   jax.eval_shape
+    rollout      the KV cache of one rollout micro-batch                           by hand
+                 the rollout's other buffers (prefill, gathered weights, logits)   compiled
+    update       activations, gradients, optimizer temporaries, the rollouts       compiled
+    peak         persistent + the larger of the two phases (they never overlap)
+
+The persistent lines are exact shapes x dtype bytes / shards; the compiled lines are
+`memory_analysis()` of the jitted rollout and update, lowered on the run's mesh with
+`jax.ShapeDtypeStruct` arguments at full depth (`_planner.py`) and compiled by the backend of the
+mesh's devices: the run's own backend in `build_run`; XLA:CPU with fake devices when planning on
+a CPU (`experiments/plan.py`), which computes bfloat16 ops in float32 and so over-states a GPU's
+temporaries for `compute_dtype="bfloat16"`.
+
+`check_memory_plan` is what `build_run` calls when `config.device_memory_gib` is set: a plan over
+the budget raises a ValueError with the table and the knob to turn before any parameter exists.
+`memory_plan(..., suggest=True)` also searches the largest micro-batch sizes that fit, turning on
+`model.remat` for the update when no micro-batch fits without it.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import ml_collections
+import numpy as np
+
+from gdro_jax import models, tasks
+from gdro_jax.train._guards import validate_config
+from gdro_jax.train._planner import Planner, bytes_per_device, mesh_shape
+
+GIB = 1024**3
+FSDP, ROLLOUT, UPDATE = "mesh.fsdp", "rollout.micro_batch_slots", "grpo.micro_batch_slots"
+_TURN = {FSDP: "raise", ROLLOUT: "lower", UPDATE: "lower"}  # which way each knob saves memory
+
+
+class MemoryPlan(NamedTuple):
+    """Bytes per device of one training step; `table()` prints it.
+
+    The knob of each line: `mesh.fsdp` shards the persistent state, `rollout.micro_batch_slots`
+    bounds the rollout phase, `grpo.micro_batch_slots` the update phase.
+    """
+
+    mesh_shape: tuple[int, int, int]  # data, fsdp, tensor
+    platform: str  # the backend the phases were compiled for ("cpu": fake devices)
+    parameters: int  # float32 master parameters
+    optimizer: int  # AdamW mu and nu (and its step count)
+    reference: int  # the frozen KL reference; 0 when kl_coef is 0
+    kv_cache: int  # keys and values of one rollout micro-batch, in the compute dtype
+    rollout_other: int  # the rollout's other buffers: prefill, gathered weights, logits, outputs
+    update: int  # the update's temporaries, its rollouts input and unaliased outputs
+    rollout_slots: int  # slots decoded at once (rollout.micro_batch_slots, or R)
+    update_slots: int  # slots per forward/backward pass (grpo.micro_batch_slots, or a mini-batch)
+    budget: int | None  # config.device_memory_gib in bytes; None: no limit
+    labels: dict[str, str]  # line name -> its description in the table
+    notes: tuple[str, ...]  # how the numbers were obtained
+    fitting_rollout_slots: int | None = None  # the largest rollout micro-batch that fits
+    fitting_update_slots: int | None = None  # the largest update micro-batch that fits
+    fitting_needs_remat: bool = False  # that update micro-batch fits only with model.remat=True
+    compiled: bool = True  # False: the persistent state and KV cache alone exceeded the budget
+    remat: bool = False  # whether the update recomputes block activations (model.remat)
+    searched: bool = False  # whether the micro-batches that fit were searched for
+
+    @property
+    def persistent(self) -> int:
+        """Parameters, optimizer state and reference: held for the whole run."""
+        return self.parameters + self.optimizer + self.reference
+
+    @property
+    def rollout_phase(self) -> int:
+        """What the rollout adds to the persistent state while it runs."""
+        return self.kv_cache + self.rollout_other
+
+    @property
+    def total(self) -> int:
+        """The peak: the persistent state plus the larger phase."""
+        return self.persistent + max(self.rollout_phase, self.update)
+
+    @property
+    def fits(self) -> bool:
+        """True without a budget or when the peak is within it."""
+        return self.budget is None or self.total <= self.budget
+
+    def knobs(self) -> tuple[str, ...]:
+        """The config fields to turn for the plan to fit, the biggest line's first.
+
+        Lines are grouped by their knob (the persistent state, the rollout phase, the update
+        phase). `mesh.fsdp` alone when the persistent state fills the budget (no micro-batch
+        helps then); else a micro-batch knob when its phase does not fit beside the persistent
+        state, and `mesh.fsdp` too when the persistent state is bigger than those phases.
+        """
+        if self.fits:
+            return ()
+        phases = {ROLLOUT: self.rollout_phase, UPDATE: self.update}
+        over = {knob: size for knob, size in phases.items() if self.persistent + size > self.budget}
+        if self.persistent >= self.budget:
+            return (FSDP,)
+        if self.persistent > max(over.values()):
+            over[FSDP] = self.persistent
+        return tuple(sorted(over, key=over.get, reverse=True))
+
+    def table(self) -> str:
+        """The plan as a table per device, each line with its knob, then the total and budget."""
+        data, fsdp, tensor = self.mesh_shape
+        devices = data * fsdp * tensor
+        where = "fake CPU devices" if self.platform == "cpu" and devices > 1 else self.platform
+        rows = [
+            ("parameters", self.parameters, FSDP),
+            ("optimizer", self.optimizer, FSDP),
+            ("reference", self.reference, FSDP),
+            ("kv_cache", self.kv_cache, ROLLOUT),
+            ("rollout_other", self.rollout_other, ROLLOUT),
+            ("update", self.update, UPDATE),
+        ]
+        unit, scale = _unit(max(self.total, self.budget or 0))
+        width = max(len(label) for label in self.labels.values()) + 2
+
+        def line(label: str, size: int | None, comment: str = "") -> str:
+            amount = "none" if size is None else f"{size / scale:.2f} {unit}"
+            return f"  {label:<{width}}{amount:>14}   {comment}".rstrip()
+
+        lines = [
+            f"memory plan per device: mesh data={data} x fsdp={fsdp} x tensor={tensor} "
+            f"({devices} device{'s' if devices > 1 else ''}, compiled on {where})"
+        ]
+        for name, size, knob in rows:
+            if name not in self.labels:
+                continue
+            if not self.compiled and name in ("rollout_other", "update"):
+                lines.append(f"  {self.labels[name]:<{width}}{'not compiled':>14}   {knob}")
+            else:
+                lines.append(line(self.labels[name], size, knob))
+        total = "total (persistent + the larger phase)" if self.compiled else "total (at least)"
+        lines.append(line(total, self.total))
+        verdict = ""
+        if self.budget is not None:
+            verdict = "fits" if self.fits else f"does not fit: {self._advice(prefix='')}"
+        lines.append(line("budget (device_memory_gib)", self.budget, verdict))
+        if self.searched:
+            lines.append(self._suggestion())
+        lines.extend(f"  note: {note}" for note in self.notes)
+        return "\n".join(lines)
+
+    def _fitting(self) -> dict[str, int | None]:
+        return {ROLLOUT: self.fitting_rollout_slots, UPDATE: self.fitting_update_slots}
+
+    def _suggestion(self) -> str:
+        if self.persistent >= self.budget:
+            return f"  no micro-batch size fits beside the persistent state: raise {FSDP}"
+        rollout, update = self.fitting_rollout_slots, self.fitting_update_slots
+        remat = "--config.model.remat=True " if self.fitting_needs_remat else ""
+        parts = [
+            f"--config.{ROLLOUT}={rollout}" if rollout else f"(no {ROLLOUT} fits)",
+            f"{remat}--config.{UPDATE}={update}"
+            if update
+            else f"(no {UPDATE} fits, even with model.remat=True)",
+        ]
+        return "  largest micro-batches that fit: " + " ".join(parts)
+
+    def _advice(self, prefix: str = "config.") -> str:
+        steps = [f"{_TURN[knob]} {prefix}{knob}" for knob in self.knobs()]
+        if UPDATE in self.knobs() and not self.remat:
+            where = self.knobs().index(UPDATE)
+            steps[where] += f" or set {prefix}model.remat=True"
+        return ", then ".join(steps)
+
+    def error(self) -> str:
+        """One line: the peak, the budget and the knobs to turn (with the sizes that fit)."""
+        advice = self._advice()
+        if self.searched:
+            sizes = [
+                f"{knob}={slots}"
+                for knob, slots in self._fitting().items()
+                if slots and knob in self.knobs()
+            ]
+            if self.fitting_needs_remat and self.fitting_update_slots and UPDATE in self.knobs():
+                sizes.append("model.remat=True")
+            if sizes:
+                advice += " (largest that fit: " + ", ".join(sizes) + ")"
+        unit, scale = _unit(self.total)
+        return (
+            f"the memory plan needs {self.total / scale:.2f} {unit} per device, over "
+            f"config.device_memory_gib={self.budget / GIB:.4g}; {advice}"
+        )
+
+
+def _unit(size: int) -> tuple[str, int]:
+    """The table's unit: GiB from 1 GiB up, else MiB, else KiB (tiny test configs)."""
+    for unit, scale in (("GiB", GIB), ("MiB", 1024**2)):
+        if size >= scale:
+            return unit, scale
+    return "KiB", 1024
+
+
+def _budget_bytes(config: ml_collections.ConfigDict) -> int | None:
+    """`config.device_memory_gib` in bytes, validated; None when the field is absent or None."""
+    gib = config.get("device_memory_gib", None)
+    if gib is None:
+        return None
+    if isinstance(gib, bool) or not isinstance(gib, int | float) or not gib > 0:
+        raise ValueError(
+            "config.device_memory_gib must be None (no limit) or a positive number of GiB, got "
+            f"device_memory_gib={gib!r}"
+        )
+    return round(gib * GIB)
+
+
+def _largest_fitting(candidates: list[int], fits) -> int | None:
+    """The largest of the descending `candidates` that `fits` (monotone in size), by bisection."""
+    low, high = 0, len(candidates) - 1
+    if fits(candidates[low]):  # the common case first: no compile beyond the plan's own
+        return candidates[low]
+    if not fits(candidates[high]):
+        return None
+    while low < high:
+        middle = (low + high) // 2
+        if fits(candidates[middle]):
+            high = middle
+        else:
+            low = middle + 1
+    return candidates[low]
+
+
+def memory_plan(
+    config: ml_collections.ConfigDict,
+    mesh=None,
+    *,
+    task: tasks.RLTask | None = None,
+    suggest: bool = False,
+    early_exit: bool = False,
+) -> MemoryPlan:
+    """The per-device memory of `config`'s training step on `mesh`; nothing is allocated.
+
+    Args:
+      config: a run config (`experiments/configs/*.py`); `device_memory_gib` is the budget.
+      mesh: the run's `data` x `fsdp` x `tensor` mesh (`mesh_from_config`; `planning_mesh` on
+        fake CPU devices), or None for one device.
+      task: the run's task, when built (its prompt width, pool size and stop ids); default: the
+        chain task's from `config.task`, or `config.math.max_prompt_tokens` for math (an upper
+        bound: the real width is the longest kept prompt).
+      suggest: with a budget, also search the largest `rollout.micro_batch_slots` and
+        `grpo.micro_batch_slots` that fit (batch shards x powers of two dividing R or a
+        mini-batch; one compile per size tried, by bisection).
+      early_exit: compile nothing when the persistent state and the KV cache alone exceed the
+        budget (the plan is then a lower bound, `compiled=False`).
+
+    Returns:
+      The `MemoryPlan`.
+
+    Raises:
+      ValueError: naming `config.device_memory_gib` or any field `validate_config` refuses, or
+        `config.mesh` when it differs from `mesh`.
+    """
+    budget = _budget_bytes(config)
+    shape = mesh_shape(mesh)
+    if shape != tuple(config.mesh[axis] for axis in models.MESH_AXES):
+        raise ValueError(
+            f"config.mesh is {dict(config.mesh)} but the mesh to plan on is "
+            f"{dict(zip(models.MESH_AXES, shape, strict=True))}"
+        )
+    validate_config(config, num_devices=int(np.prod(shape)))
+    planner = Planner(config, mesh, task)
+    rollout_slots = min(
+        config.get("rollout", {}).get("micro_batch_slots", None) or planner.num_slots,
+        planner.num_slots,
+    )
+    update_slots = planner.grpo_config.micro_batch_slots or planner.minibatch_slots
+    kv_cache = planner.kv_cache_bytes(rollout_slots)
+    optimizer = bytes_per_device(planner.opt_state)
+    parameters = planner.parameter_bytes
+    reference = parameters if planner.reference else 0
+    compiled = not (
+        early_exit and budget is not None and parameters + optimizer + reference + kv_cache > budget
+    )
+    c = planner.model_config
+    labels = {
+        "parameters": f"parameters ({c.param_dtype} masters)",
+        "optimizer": "optimizer state (AdamW mu, nu)",
+        "kv_cache": (
+            f"rollout KV cache ({c.compute_dtype}, {rollout_slots} slots x "
+            f"{planner.seq_len} positions)"
+        ),
+        "rollout_other": "rollout, other buffers (compiled)",
+        "update": f"update temporaries (compiled, {update_slots} slots per pass)",
+    }
+    if planner.reference:
+        labels["reference"] = f"reference model (kl_coef={planner.grpo_config.kl_coef:g})"
+    notes = [
+        f"R = {planner.num_slots} slots of P + M = {planner.prompt_width} + "
+        f"{config.max_new_tokens} tokens; mini-batches of {planner.minibatch_slots} slots",
+    ]
+    if planner.device.platform == "cpu" and c.compute_dtype != "float32":
+        # Seen in its buffer assignment (the MLP's [tokens, F] activations as float32), and
+        # the Qwen3-8B rollout's other buffers are 89 GiB computing in float32, 100 in bfloat16.
+        notes.append(
+            f"compiled lines are XLA:CPU's, which keeps many {c.compute_dtype} intermediates in "
+            "float32: a GPU's are likely smaller"
+        )
+    plan = MemoryPlan(
+        mesh_shape=shape,
+        platform=planner.device.platform,
+        parameters=parameters,
+        optimizer=optimizer,
+        reference=reference,
+        kv_cache=kv_cache,
+        rollout_other=max(0, planner.rollout_bytes(rollout_slots) - kv_cache) if compiled else 0,
+        update=planner.update_bytes(update_slots) if compiled else 0,
+        rollout_slots=rollout_slots,
+        update_slots=update_slots,
+        budget=budget,
+        labels=labels,
+        notes=tuple(notes),
+        compiled=compiled,
+        remat=c.remat,
+    )
+    if not suggest or budget is None or not compiled:
+        return plan
+    room = budget - plan.persistent
+    if room <= 0:
+        return plan._replace(searched=True)
+    rollout = _largest_fitting(
+        planner.candidates(planner.num_slots), lambda slots: planner.rollout_bytes(slots) <= room
+    )
+    minibatch = planner.candidates(planner.minibatch_slots)
+    remat = planner.model_config.remat
+    update = _largest_fitting(minibatch, lambda slots: planner.update_bytes(slots) <= room)
+    if update is None and not remat:
+        # Without remat every layer's activations (attention probabilities included) stay
+        # alive for the backward pass: one long sequence alone can exceed a device.
+        update = _largest_fitting(
+            minibatch, lambda slots: planner.update_bytes(slots, True) <= room
+        )
+        remat = update is not None
+    return plan._replace(
+        searched=True,
+        fitting_rollout_slots=rollout,
+        fitting_update_slots=update,
+        fitting_needs_remat=remat and not planner.model_config.remat,
+    )
+
+
+def check_memory_plan(
+    config: ml_collections.ConfigDict, mesh=None, *, task: tasks.RLTask | None = None
+) -> MemoryPlan | None:
+    """Raises before anything is allocated when the plan exceeds `config.device_memory_gib`.
+
+    Args:
+      config: the run config; nothing is checked when `device_memory_gib` is None or absent.
+      mesh: the run's mesh (None: one device).
+      task: the run's task, for its prompt width (see `memory_plan`).
+
+    Returns:
+      The plan when it fits, None without a budget.
+
+    Raises:
+      ValueError: the plan does not fit; the message names the knob to turn
+        (`rollout.micro_batch_slots` for the rollout's KV cache, `grpo.micro_batch_slots` for
+        the update's temporaries, `mesh.fsdp` for the persistent state) and holds the table.
+    """
+    if _budget_bytes(config) is None:
+        return None
+    plan = memory_plan(config, mesh, task=task, early_exit=True)
+    if not plan.fits:
+        raise ValueError(f"{plan.error()}\n{plan.table()}")
+    return plan
+
+
+def planning_mesh(config: ml_collections.ConfigDict):
+    """The mesh of `config.mesh` to plan on, without a run: the default backend's devices when it
+    has enough, else CPU devices; None for one device.
+
+    A CPU has as many devices as `XLA_FLAGS=--xla_force_host_platform_device_count=<n>` asks for,
+    read when jax starts its backends (not when it is imported): `experiments/plan.py` sets it
+    to the mesh's size before touching a device.
+
+    Raises:
+      ValueError: naming `config.mesh` when no backend has enough devices.
+    """
+    shape = tuple(config.mesh[axis] for axis in models.MESH_AXES)
+    for axis, size in zip(models.MESH_AXES, shape, strict=True):
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"config.mesh.{axis} must be a positive int, got {axis}={size!r}")
+    count = int(np.prod(shape))
+    if count == 1:
+        return None
+    for devices in (jax.devices(), jax.devices("cpu")):
+        if len(devices) >= count:
+            return models.make_mesh(*shape, devices=devices[:count])
+    raise ValueError(
+        f"config.mesh data x fsdp x tensor = {count} devices, but only {len(jax.devices())} "
+        f"are available; on a CPU set XLA_FLAGS=--xla_force_host_platform_device_count={count} "
+        "before jax starts (experiments/plan.py does)"
+    )

@@ -1,0 +1,193 @@
+"""Two real processes, one run: `experiments/train.py` under `jax.distributed` on this machine.
+
+Each run trains the tiny resume config (`_resume_config.py`, parity reward, KL on) for 4 steps on
+a 1 x 4 x 1 mesh (`fsdp=4`), so parameters and optimizer state are sharded across processes:
+
+    reference    1 process with 4 fake CPU devices
+    two          2 processes (gloo collectives) with 2 fake devices each, uninterrupted; the
+                 same reward on the host, each process grading the slots on its own devices
+    preempted    the same, but process 1 alone gets SIGTERM during step 2: both processes agree
+                 to stop, checkpoint step 2 together and exit 143
+    killed       resumed from step 2, then both SIGKILLed right after step 3's checkpoint
+    resumed      resumed from step 3 to the end
+
+`two` must equal `reference` up to float32 rounding: the processes' all-reduce (gloo) sums in
+another order than XLA's in-process one, so losses and gradients differ in the last bits
+(measured: <= 2e-7 relative); every discrete decision (allocations, bins, rewards, accuracy) is
+identical. `resumed` must equal `two` bit for bit: same processes, same collectives.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import safetensors.numpy
+
+pytestmark = pytest.mark.slow
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CONFIG = os.path.join("tests", "train", "_resume_config.py")
+TIMEOUT_S = 300
+RTOL, ATOL = 1e-5, 1e-6  # float32 rounding of a different reduction order
+# What the processes decided and sampled: equal exactly, not within a tolerance.
+DISCRETE = {
+    "accuracy",
+    "reward",
+    "response_length",
+    "tokens",
+    "nonzero_advantage_fraction",
+    "bin/prompts",
+    "bin/rollouts",
+    "bin/rollouts_per_prompt",
+    "bin/tokens",
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("localhost", 0))
+        return sock.getsockname()[1]
+
+
+def _command(workdir, *flags):
+    return [
+        sys.executable,
+        "-m",
+        "tests.train._resume_child",
+        f"--config={CONFIG}",
+        f"--workdir={workdir}",
+        "--config.method=gdro_both",
+        "--config.steps=4",
+        "--config.mesh.data=1",
+        "--config.mesh.fsdp=4",
+        *flags,
+    ]
+
+
+def _env(cache, devices, **hooks):
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env.update(JAX_PLATFORMS="cpu", **cache)
+    env.update({name: str(value) for name, value in hooks.items()})
+    return env
+
+
+def _run(workdir, cache, *, processes, hooks=None):
+    """Runs one training run as `processes` processes; returns their exit codes and logs.
+    Several processes score on the host, each its own slots."""
+    hooks = hooks or [{}] * processes
+    if processes > 1:
+        hooks = [dict(hook, GDRO_TEST_HOST_REWARD=1) for hook in hooks]
+    port = _free_port()
+    started = []
+    for index in range(processes):
+        flags = []
+        if processes > 1:
+            flags = [
+                f"--coordinator_address=localhost:{port}",
+                f"--num_processes={processes}",
+                f"--process_id={index}",
+            ]
+        log = open(f"{workdir}.{index}.log", "w")  # noqa: SIM115 (closed below)
+        env = _env(cache, 4 // processes, **hooks[index])
+        process = subprocess.Popen(
+            _command(workdir, *flags), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+        started.append((process, log))
+    codes, logs = [], []
+    for index, (process, log) in enumerate(started):
+        try:
+            process.wait(timeout=TIMEOUT_S)
+        finally:
+            if process.poll() is None:
+                process.kill()
+            log.close()
+        codes.append(process.returncode)
+        with open(f"{workdir}.{index}.log", encoding="utf-8") as file:
+            logs.append(file.read()[-3000:])
+    return codes, logs
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("multiprocess")
+    cache = {
+        "JAX_COMPILATION_CACHE_DIR": str(base / "jax_cache"),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+    }
+    out = {name: base / name for name in ("reference", "two", "resumed")}
+    out["reference_rc"] = _run(out["reference"], cache, processes=1)
+    out["two_rc"] = _run(out["two"], cache, processes=2)
+    out["preempted_rc"] = _run(
+        out["resumed"], cache, processes=2, hooks=[{}, {"GDRO_TEST_SIGTERM_IN_STEP": 2}]
+    )
+    out["after_preemption"] = sorted(os.listdir(out["resumed"] / "checkpoints"))
+    kill = {"GDRO_TEST_KILL_AFTER_SAVE": 3}
+    out["killed_rc"] = _run(out["resumed"], cache, processes=2, hooks=[kill, kill])
+    out["after_kill"] = sorted(os.listdir(out["resumed"] / "checkpoints"))
+    out["resumed_rc"] = _run(out["resumed"], cache, processes=2)
+    return out
+
+
+def _rows(workdir):
+    with open(workdir / "metrics.jsonl", encoding="utf-8") as file:
+        rows = [json.loads(line) for line in file]
+    return [{k: v for k, v in row.items() if not k.startswith("time/")} for row in rows]
+
+
+def _params(workdir):
+    return safetensors.numpy.load_file(str(workdir / "model" / "model.safetensors"))
+
+
+def test_every_run_finished(runs):
+    for name in ("reference", "two", "resumed"):
+        codes, logs = runs[f"{name}_rc"]
+        assert all(code == 0 for code in codes), (name, codes, logs)
+        assert [row["step"] for row in _rows(runs[name])] == [1, 2, 3, 4]
+
+
+def test_two_processes_equal_one_process_on_as_many_devices(runs):
+    rows, reference = _rows(runs["two"]), _rows(runs["reference"])
+    assert [sorted(row) for row in rows] == [sorted(row) for row in reference]
+    for row, expected in zip(rows, reference, strict=True):
+        for name, value in expected.items():
+            if isinstance(value, int) or name in DISCRETE:
+                assert row[name] == value, (row["step"], name)
+            else:
+                np.testing.assert_allclose(
+                    row[name], value, rtol=RTOL, atol=ATOL, err_msg=f"step {row['step']} {name}"
+                )
+    params, expected = _params(runs["two"]), _params(runs["reference"])
+    assert sorted(params) == sorted(expected)
+    for name, value in expected.items():
+        np.testing.assert_allclose(params[name], value, rtol=RTOL, atol=ATOL, err_msg=name)
+
+
+def test_a_signal_to_one_process_stops_both_at_the_same_checkpoint(runs):
+    codes, logs = runs["preempted_rc"]
+    assert codes == [128 + signal.SIGTERM] * 2, logs
+    assert runs["after_preemption"] == ["1", "2"]  # every step is checkpointed, 2 kept
+
+
+def test_killed_and_resumed_equals_uninterrupted_bit_for_bit(runs):
+    codes, logs = runs["killed_rc"]
+    assert codes == [-signal.SIGKILL] * 2, logs
+    assert runs["after_kill"] == ["2", "3"]
+    assert _rows(runs["resumed"]) == _rows(runs["two"])
+    params, expected = _params(runs["resumed"]), _params(runs["two"])
+    for name, value in expected.items():
+        assert np.array_equal(params[name], value), name
+
+
+def test_only_process_0_writes_the_run_files(runs):
+    # One metrics row per step (process 1 wrote none), one summary, one exported model.
+    summary = json.loads((runs["two"] / "summary.json").read_text())
+    assert summary["completed_steps"] == 4
+    assert (runs["two"] / "model" / "config.json").exists()
+    _, logs = runs["two_rc"]
+    assert "steps done" in logs[0] and "steps done" not in logs[1]

@@ -1,0 +1,204 @@
+"""The memory plan: persistent bytes equal a hand count, the KV cache line equals its formula, a run
+over `device_memory_gib` is refused before any parameter exists, and `experiments/plan.py` exits
+0 or 1 by the budget.
+
+One plan of a one-layer policy on a 1 x 4 x 1 mesh (two compiles) serves the first tests.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from gdro_jax import models, tasks, train
+from gdro_jax.train import _assemble
+from tests.train.configs import tiny_config
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+GIB = 1024**3
+FSDP = 4
+# R = 8 slots decoded 4 at a time, mini-batches of 4; an untied head and a KL reference, so
+# every line of the plan is there.
+SMALL = {
+    "num_prompts": 4,
+    "n_mean": 2,
+    "max_new_tokens": 8,
+    "model.num_layers": 1,
+    "model.tie_embeddings": False,
+    "model.compute_dtype": "bfloat16",
+    "grpo.kl_coef": 0.01,
+    "rollout.micro_batch_slots": 4,
+    "mesh.fsdp": FSDP,
+}
+
+
+def small_config(**overrides):
+    return tiny_config(**{**SMALL, **overrides})
+
+
+@pytest.fixture(scope="module")
+def plan():
+    config = small_config()
+    return train.memory_plan(config, train.mesh_from_config(config))
+
+
+def hand_parameter_bytes(model, shards: int) -> int:
+    """Float32 bytes per device of a Qwen3 decoder: every matrix has its D axis on `fsdp`, the
+    norm scales are replicated."""
+    V, D, L = model.vocab_size, model.d_model, model.num_layers
+    N, K, H, F = model.num_heads, model.num_kv_heads, model.head_dim, model.mlp_dim
+    embeddings = V * D * (1 if model.tie_embeddings else 2)  # the table, and an untied head
+    per_layer = D * N * H + 2 * D * K * H + N * H * D + 3 * D * F  # q, k and v, o, gate/up/down
+    sharded = embeddings + L * per_layer
+    replicated = D + L * (2 * D + 2 * H)  # final norm; attention and MLP norms, q and k norms
+    assert sharded % shards == 0
+    return 4 * (sharded // shards + replicated)
+
+
+def test_persistent_lines_equal_a_hand_count_over_the_shards(plan):
+    config = small_config()
+    expected = hand_parameter_bytes(config.model, FSDP)
+    assert plan.parameters == expected
+    assert plan.optimizer == 2 * expected + 4  # AdamW's mu and nu, and its int32 step count
+    assert plan.reference == expected  # kl_coef > 0: the frozen copy
+
+
+@pytest.fixture(scope="module")
+def built():
+    run = train.build_run(small_config())
+    run.close()
+    return run
+
+
+def _held_per_device(tree) -> int:
+    """Bytes device 0 holds of every leaf of `tree` (its shards are even, or replicated)."""
+    return sum(leaf.addressable_shards[0].data.nbytes for leaf in jax.tree.leaves(tree))
+
+
+def test_persistent_lines_equal_what_build_run_holds_per_device(plan, built):
+    assert _held_per_device(built.state.params) == plan.parameters
+    assert _held_per_device(built.state.ref_params) == plan.reference
+
+
+def test_optimizer_line_equals_what_build_run_holds_per_device(plan, built):
+    assert _held_per_device(built.state.opt_state) == plan.optimizer
+
+
+def test_kv_cache_line_equals_its_formula_for_the_rollout_micro_batch(plan):
+    config = small_config()
+    model = config.model
+    prompt_width = tasks.ChainTaskConfig(**config.task.to_dict()).max_prompt_length
+    slots = config.rollout.micro_batch_slots
+    bfloat16_bytes = 2
+    expected = (
+        2  # keys and values
+        * model.num_layers
+        * model.num_kv_heads
+        * model.head_dim
+        * slots
+        * (prompt_width + config.max_new_tokens)
+        * bfloat16_bytes
+        // FSDP  # the slots on the batch axes
+    )
+    assert plan.rollout_slots == slots
+    assert plan.kv_cache == expected
+    assert plan.update > 0 and plan.rollout_other > 0  # both phases were compiled
+
+
+def test_the_knob_named_is_the_one_of_the_biggest_line(plan):
+    assert plan.fits and plan.knobs() == ()
+    phases = {
+        "rollout.micro_batch_slots": plan.rollout_phase,
+        "grpo.micro_batch_slots": plan.update,
+    }
+    larger = max(phases, key=phases.get)
+    between = plan.persistent + (min(phases.values()) + max(phases.values())) // 2
+    assert plan._replace(budget=between).knobs() == (larger,)
+    assert plan._replace(budget=plan.persistent - 1).knobs() == ("mesh.fsdp",)
+
+
+def test_a_run_over_its_budget_is_refused_before_any_parameter_exists(tmp_path, monkeypatch):
+    config = small_config()
+    # Half the parameters alone: nothing needs compiling to say no.
+    config.device_memory_gib = hand_parameter_bytes(config.model, FSDP) / 2 / GIB
+
+    def allocate(*args, **kwargs):
+        raise AssertionError("the policy was allocated before the memory plan refused the run")
+
+    monkeypatch.setattr(_assemble, "_load_policy", allocate)
+    embedding = (config.model.vocab_size, config.model.d_model)
+    before = {id(array) for array in jax.live_arrays()}
+    workdir = tmp_path / "run"
+    with pytest.raises(ValueError) as refused:
+        train.train(config, workdir)
+    message = str(refused.value)
+    assert "raise config.mesh.fsdp" in message
+    assert "parameters (float32 masters)" in message and "rollout KV cache" in message  # table
+    new = [a for a in jax.live_arrays() if id(a) not in before]
+    assert not any(a.shape == embedding and a.dtype == jnp.float32 for a in new)
+    assert [files for _, _, files in os.walk(workdir) if files] == []
+
+
+def _plan_command(tmp_path, budget_gib):
+    # Exactly the 1 x 2 x 1 mesh asked for, so the command must make its own fake devices.
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    # Both calls compile the same programs: the second reads them from this cache.
+    env.update(
+        JAX_PLATFORMS="cpu",
+        JAX_COMPILATION_CACHE_DIR=str(tmp_path / "compile_cache"),
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+    )
+    overrides = dict(
+        num_prompts=4,
+        n_mean=2,
+        max_new_tokens=8,
+        **{
+            "model.num_layers": 1,
+            "model.d_model": 32,
+            "model.num_heads": 2,
+            "model.num_kv_heads": 1,
+            "model.head_dim": 16,
+            "model.mlp_dim": 64,
+            "mesh.fsdp": 2,
+            "device_memory_gib": budget_gib,
+        },
+    )
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "experiments.plan",
+            "--config=experiments/configs/tiny_cpu.py",
+            *(f"--config.{name}={value}" for name, value in overrides.items()),
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_plan_command_exits_0_within_the_budget_and_1_over_it(tmp_path):
+    fits = _plan_command(tmp_path, 1.0)
+    assert fits.returncode == 0, fits.stderr[-2000:]
+    assert "2 devices, compiled on fake CPU devices" in fits.stdout
+    assert "fits" in fits.stdout and "largest micro-batches that fit" in fits.stdout
+
+    over = _plan_command(tmp_path, 1e-6)
+    assert over.returncode == 1, over.stderr[-2000:]
+    assert "does not fit" in over.stdout and "Traceback" not in over.stderr
+    errors = [line for line in over.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and errors[0].startswith("error: ")
+    assert "raise config.mesh.fsdp" in errors[0]  # the parameters alone exceed 1 KiB
+
+
+def test_a_config_mesh_unlike_the_mesh_is_refused():
+    config = small_config()
+    with pytest.raises(ValueError, match="config.mesh"):
+        train.memory_plan(config, models.make_mesh(1, 2, 1))

@@ -1,0 +1,138 @@
+"""The trainer's rollout seam: a plugged-in `RolloutEngine` is what the steps sample from and is
+synced after every update; the built-in engine's micro-batches change nothing; the
+`config.rollout` block is validated, optional and changeable on resume."""
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from gdro_jax import tasks, train
+from gdro_jax.train._checkpoint import config_dict
+from gdro_jax.train._resume import config_differences
+from tests.train.configs import small_run_config
+
+
+class HalfOracle:
+    """An engine without a model: the gold solution on even slots, a lone `<eos>` on odd ones.
+
+    It records its calls and keeps a host copy of every set of weights it is sent, as an engine
+    holding its own weights would.
+    """
+
+    def __init__(self, config):
+        task_config = tasks.ChainTaskConfig(**config.task.to_dict())
+        pool = tasks.encode_rows(tasks.build_splits(task_config).train, task_config)
+        self.gold = {
+            tuple(prompt[:length]): solution
+            for prompt, length, solution in zip(
+                pool.prompt_tokens, pool.prompt_lengths, pool.solution_tokens, strict=True
+            )
+        }
+        self.max_new_tokens = config.max_new_tokens
+        self.vocab = config.model.vocab_size
+        self.generate_calls = 0
+        self.synced = []
+
+    def generate(self, params, plan, prompt_tokens_NP, prompt_lengths_N, key):
+        del params, key
+        self.generate_calls += 1
+        prompts, lengths = np.asarray(prompt_tokens_NP), np.asarray(prompt_lengths_N)
+        prompt_of_slot = np.asarray(plan.prompt_of_slot)
+        R, (_, P), M = len(prompt_of_slot), prompts.shape, self.max_new_tokens
+        left = np.full((R, P), tasks.PAD_ID, np.int32)
+        tokens = np.full((R, M), tasks.PAD_ID, np.int32)
+        completion_lengths = np.ones(R, np.int32)
+        tokens[:, 0] = tasks.EOS_ID
+        for r, p in enumerate(prompt_of_slot):
+            left[r, P - lengths[p] :] = prompts[p, : lengths[p]]
+            if r % 2 == 0:
+                solution = self.gold[tuple(prompts[p, : lengths[p]])]
+                completion_lengths[r] = int(np.argmax(solution == tasks.EOS_ID)) + 1
+                tokens[r, : completion_lengths[r]] = solution[: completion_lengths[r]]
+        within = np.arange(M)[None] < completion_lengths[:, None]
+        return train.Rollouts(
+            prompt_tokens=left,
+            prompt_lengths=lengths[prompt_of_slot].astype(np.int32),
+            tokens=tokens,
+            lengths=completion_lengths,
+            logprobs=np.where(within, -np.log(self.vocab), 0.0).astype(np.float32),
+            rewards=np.zeros(R, np.float32),
+            correct=np.zeros(R, bool),
+        )
+
+    def sync_weights(self, params):
+        self.synced.append(jax.tree.map(np.array, params))
+
+
+def _assert_same_tree(a, b):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_the_trainer_samples_and_syncs_through_a_plugged_in_engine():
+    # 48 new tokens: room for the longest gold solution (8 levels).
+    config = small_run_config("grpo", max_new_tokens=48)
+    engine = HalfOracle(config)
+    run = train.build_run(config, rollout_engine=engine)
+    state = run.state
+    for step in range(2):
+        state, metrics, _ = train.run_step(run, state, next(run.prompt_batches))
+        assert engine.generate_calls == step + 1
+        # Half the slots carry the engine's gold solutions: a random policy earns ~0 by itself.
+        assert float(metrics["accuracy"]) == 0.5
+        assert float(metrics["nonzero_advantage_fraction"]) == 1.0
+        # The update's new parameters were sent to the engine.
+        _assert_same_tree(engine.synced[-1], state.params)
+    # The initial weights before the first rollout, then the new ones after each update.
+    assert len(engine.synced) == 3
+    for before, after in zip(engine.synced[:-1], engine.synced[1:], strict=True):
+        assert not all(map(np.array_equal, jax.tree.leaves(before), jax.tree.leaves(after)))
+
+
+def test_micro_batches_change_no_rollout_of_the_trainer():
+    run = train.build_run(small_run_config("grpo"))  # R = 4 x 2 = 8 slots, all at once
+    ids = jnp.asarray(next(run.prompt_batches), jnp.int32)
+    plan = run.plan(run.state.gdro, ids, jax.random.key(1))
+    key = jax.random.key(2)
+    whole = run.rollout(run.state.params, plan, ids, key)
+    chunked = train.KVCacheEngine(
+        run.graphdef,
+        max_new_tokens=run.config.max_new_tokens,
+        temperature=run.config.grpo.temperature,
+        eos_ids=run.task.eos_ids,
+        micro_batch_slots=2,
+    ).generate(
+        run.state.params,
+        plan,
+        run.task.prompt_tokens[np.asarray(ids)],
+        run.task.prompt_lengths[np.asarray(ids)],
+        key,
+    )
+    _assert_same_tree(chunked, whole)
+
+
+@pytest.mark.parametrize(
+    "value, mesh_data, message",
+    [
+        (-1, 1, "config.rollout.micro_batch_slots must be None or an int >= 0"),
+        (2.0, 1, "got micro_batch_slots=2.0"),
+        (3, 2, r"multiple of the mesh's batch axes \(data x fsdp = 2\)"),
+    ],
+)
+def test_the_rollout_block_is_validated(value, mesh_data, message):
+    config = small_run_config("grpo", **{"mesh.data": mesh_data})
+    config.rollout = ml_collections.ConfigDict(dict(micro_batch_slots=value))  # any type
+    with pytest.raises(ValueError, match=message):
+        train.validate_config(config)
+
+
+def test_the_rollout_block_is_optional_and_resumable():
+    config = small_run_config("grpo", **{"rollout.micro_batch_slots": 4})
+    train.validate_config(config)
+    old = small_run_config("grpo")
+    del old["rollout"]  # a config, or a checkpoint's config, from before the field
+    train.validate_config(old)
+    assert config_differences(config_dict(old), config) == []
+    assert config_differences(config_dict(config), small_run_config("grpo")) == []
