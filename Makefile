@@ -27,8 +27,9 @@ demo: $(RUNTIME)
 sim: $(RUNTIME)
 	$(PY) -m experiments.simulate_controllers --config=experiments/configs/sim_default.py --workdir=runs/sim_demo
 
+# Two pytest workers (pytest-xdist), each taking whole files, so a module's fixtures are built once.
 test: $(TESTING)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 2 --dist loadfile tests
 
 lint: $(TESTING)
 	$(VENV)/bin/ruff check .
