@@ -51,7 +51,8 @@ class GRPOConfig:
     loss_signal: str = "failure_rate"  # Prompt-GDRO's per-prompt signal, see losses.SIGNALS
     temperature: float = 1.0  # sampling temperature; log-probs are taken under it
     # Gradient accumulation: slots per forward/backward pass, dividing each mini-batch; bounds
-    # activation memory. None: the whole mini-batch at once. Changes float rounding only.
+    # activation memory. None (or at least a mini-batch): the whole mini-batch at once. Changes
+    # float rounding only.
     micro_batch_slots: int | None = None
 
     def __post_init__(self):
@@ -266,6 +267,9 @@ def make_update(
             f"num_minibatches={config.num_minibatches} equal mini-batches"
         )
     slots_per_minibatch = num_slots // config.num_minibatches
+    if config.micro_batch_slots is not None and config.micro_batch_slots >= slots_per_minibatch:
+        # At most that many slots per pass: a mini-batch that small is one pass, as unset.
+        config = dataclasses.replace(config, micro_batch_slots=None)
     _check_micro_batches(config, slots_per_minibatch, num_slots)
 
     def update(state: TrainState, plan: Plan, prompt_ids: jax.Array, rollouts: Rollouts):
