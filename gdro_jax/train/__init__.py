@@ -9,6 +9,7 @@ guards and metrics.
 - checkpoints (`_checkpoint.py`), resume rules (`_resume.py`), SIGTERM handling
   (`_preemption.py`), guards (`_guards.py`), the parts read off a config (`_components.py`).
 - `memory_plan` and `check_memory_plan` (`_plan.py`): bytes per device before allocating.
+- `initialize_distributed` and `is_primary` (`_distributed.py`): one run over several processes.
 """
 
 from gdro_jax.controllers import METHODS

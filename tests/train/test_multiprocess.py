@@ -1,20 +1,20 @@
 """Two real processes, one run: `experiments/train.py` under `jax.distributed` on this machine.
 
-Each run trains the tiny resume config (`_resume_config.py`, parity reward, KL on) for 4 steps on
+Each run trains the tiny resume config (`_resume_config.py`, parity reward, KL on) for 3 steps on
 a 1 x 4 x 1 mesh (`fsdp=4`), so parameters and optimizer state are sharded across processes:
 
-    reference    1 process with 4 fake CPU devices
+    reference    1 process with 4 fake CPU devices, the reward inside jit
     two          2 processes (gloo collectives) with 2 fake devices each, uninterrupted; the
                  same reward on the host, each process grading the slots on its own devices
     preempted    the same, but process 1 alone gets SIGTERM during step 2: both processes agree
-                 to stop, checkpoint step 2 together and exit 143
-    killed       resumed from step 2, then both SIGKILLed right after step 3's checkpoint
-    resumed      resumed from step 3 to the end
+                 to stop, checkpoint step 2 together and exit 143 (killed by the scheduler)
+    resumed      the preempted run started again: from step 2's checkpoint to the end
 
 `two` must equal `reference` up to float32 rounding: the processes' all-reduce (gloo) sums in
 another order than XLA's in-process one, so losses and gradients differ in the last bits
 (measured: <= 2e-7 relative); every discrete decision (allocations, bins, rewards, accuracy) is
-identical. `resumed` must equal `two` bit for bit: same processes, same collectives.
+identical. `resumed` must equal `two` bit for bit: same processes, same collectives. (A SIGKILL
+mid-run resumes from the last checkpoint the same way; `test_resume.py` covers it in one process.)
 """
 
 import json
@@ -61,7 +61,7 @@ def _command(workdir, *flags):
         f"--config={CONFIG}",
         f"--workdir={workdir}",
         "--config.method=gdro_both",
-        "--config.steps=4",
+        "--config.steps=3",
         "--config.mesh.data=1",
         "--config.mesh.fsdp=4",
         *flags,
@@ -127,9 +127,7 @@ def runs(tmp_path_factory):
         out["resumed"], cache, processes=2, hooks=[{}, {"GDRO_TEST_SIGTERM_IN_STEP": 2}]
     )
     out["after_preemption"] = sorted(os.listdir(out["resumed"] / "checkpoints"))
-    kill = {"GDRO_TEST_KILL_AFTER_SAVE": 3}
-    out["killed_rc"] = _run(out["resumed"], cache, processes=2, hooks=[kill, kill])
-    out["after_kill"] = sorted(os.listdir(out["resumed"] / "checkpoints"))
+    out["preempted_rows"] = len(_rows(out["resumed"]))
     out["resumed_rc"] = _run(out["resumed"], cache, processes=2)
     return out
 
@@ -148,7 +146,7 @@ def test_every_run_finished(runs):
     for name in ("reference", "two", "resumed"):
         codes, logs = runs[f"{name}_rc"]
         assert all(code == 0 for code in codes), (name, codes, logs)
-        assert [row["step"] for row in _rows(runs[name])] == [1, 2, 3, 4]
+        assert [row["step"] for row in _rows(runs[name])] == [1, 2, 3]
 
 
 def test_two_processes_equal_one_process_on_as_many_devices(runs):
@@ -172,14 +170,13 @@ def test_a_signal_to_one_process_stops_both_at_the_same_checkpoint(runs):
     codes, logs = runs["preempted_rc"]
     assert codes == [128 + signal.SIGTERM] * 2, logs
     assert runs["after_preemption"] == ["1", "2"]  # every step is checkpointed, 2 kept
+    assert runs["preempted_rows"] == 2
 
 
-def test_killed_and_resumed_equals_uninterrupted_bit_for_bit(runs):
-    codes, logs = runs["killed_rc"]
-    assert codes == [-signal.SIGKILL] * 2, logs
-    assert runs["after_kill"] == ["2", "3"]
+def test_preempted_and_resumed_equals_uninterrupted_bit_for_bit(runs):
     assert _rows(runs["resumed"]) == _rows(runs["two"])
     params, expected = _params(runs["resumed"]), _params(runs["two"])
+    assert sorted(params) == sorted(expected)
     for name, value in expected.items():
         assert np.array_equal(params[name], value), name
 
@@ -187,7 +184,7 @@ def test_killed_and_resumed_equals_uninterrupted_bit_for_bit(runs):
 def test_only_process_0_writes_the_run_files(runs):
     # One metrics row per step (process 1 wrote none), one summary, one exported model.
     summary = json.loads((runs["two"] / "summary.json").read_text())
-    assert summary["completed_steps"] == 4
+    assert summary["completed_steps"] == 3
     assert (runs["two"] / "model" / "config.json").exists()
     _, logs = runs["two_rc"]
     assert "steps done" in logs[0] and "steps done" not in logs[1]
