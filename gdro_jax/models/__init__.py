@@ -11,6 +11,7 @@ from gdro_jax.models._decoder import (
     parameter_shardings,
     rope_inverse_frequencies,
 )
+from gdro_jax.models._footprint import Footprint, memory_footprint
 from gdro_jax.models._hf_io import (
     MODEL_DIR,
     CheckpointError,
@@ -27,6 +28,8 @@ from gdro_jax.models._sharding import (
 )
 
 __all__ = [
+    "Footprint",
+    "memory_footprint",
     "MESH_AXES",
     "MODEL_DIR",
     "SUPPORTED_ARCHITECTURES",

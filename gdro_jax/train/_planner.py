@@ -28,7 +28,6 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from gdro_jax import models, tasks
-from gdro_jax.models._footprint import memory_footprint
 from gdro_jax.train._components import build_controllers, make_optimizer, num_bins
 from gdro_jax.train._state import TrainState, state_shardings
 from gdro_jax.train._step import GRPOConfig, make_update
@@ -135,7 +134,7 @@ class Planner:
             if mesh is not None
             else jax.sharding.SingleDeviceSharding(jax.devices()[0])
         )
-        self.parameter_bytes = memory_footprint(
+        self.parameter_bytes = models.memory_footprint(
             self.model_config, data=data, fsdp=fsdp, tensor=tensor
         ).param_bytes_per_device
         self.opt_state = self._optimizer_state(self._policy()[1])
@@ -190,7 +189,7 @@ class Planner:
     def kv_cache_bytes(self, slots: int) -> int:
         """Keys and values of `slots` sequences of P + M cache slots, per device (by hand)."""
         data, fsdp, tensor = mesh_shape(self.mesh)
-        return memory_footprint(
+        return models.memory_footprint(
             self.model_config,
             data=data,
             fsdp=fsdp,
