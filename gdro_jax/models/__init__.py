@@ -21,8 +21,10 @@ from gdro_jax.models._hf_io import (
     save_pretrained,
 )
 from gdro_jax.models._sharding import (
+    BATCH_AXES,
     MESH_AXES,
     ShardingConfig,
+    constrain,
     fit_spec,
     make_mesh,
 )
@@ -30,6 +32,7 @@ from gdro_jax.models._sharding import (
 __all__ = [
     "Footprint",
     "memory_footprint",
+    "BATCH_AXES",
     "MESH_AXES",
     "MODEL_DIR",
     "SUPPORTED_ARCHITECTURES",
@@ -41,6 +44,7 @@ __all__ = [
     "Llama3RopeScaling",
     "ShardingConfig",
     "abstract_decoder",
+    "constrain",
     "fit_spec",
     "from_pretrained",
     "init_decoder",

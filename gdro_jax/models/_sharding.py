@@ -21,7 +21,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 MESH_AXES = ("data", "fsdp", "tensor")
-_BATCH = ("data", "fsdp")
+BATCH_AXES = ("data", "fsdp")  # the axes the batch (and the sampler's slots) are split over
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,14 +50,14 @@ class ShardingConfig:
     # The table as the token lookup reads it: gathered over fsdp first, so the lookup is a
     # vocabulary-parallel gather (otherwise XLA replicates the whole table in the backward pass).
     emb_lookup_vd: P = P("tensor", None)
-    act_btd: P = P(_BATCH, None, None)
-    act_btnh: P = P(_BATCH, None, "tensor", None)
-    act_btkh: P = P(_BATCH, None, "tensor", None)
-    act_btf: P = P(_BATCH, None, "tensor")
-    logits_btv: P = P(_BATCH, None, "tensor")
-    cache_bkhs: P = P(_BATCH, "tensor", None, None)
-    cache_bksh: P = P(_BATCH, "tensor", None, None)
-    tokens_bt: P = P(_BATCH, None)
+    act_btd: P = P(BATCH_AXES, None, None)
+    act_btnh: P = P(BATCH_AXES, None, "tensor", None)
+    act_btkh: P = P(BATCH_AXES, None, "tensor", None)
+    act_btf: P = P(BATCH_AXES, None, "tensor")
+    logits_btv: P = P(BATCH_AXES, None, "tensor")
+    cache_bkhs: P = P(BATCH_AXES, "tensor", None, None)
+    cache_bksh: P = P(BATCH_AXES, "tensor", None, None)
+    tokens_bt: P = P(BATCH_AXES, None)
 
 
 def make_mesh(
@@ -138,10 +138,10 @@ def constrain(x: jax.Array, spec: P, mesh: Mesh | None) -> jax.Array:
 def state_shardings(specs, abstract_state, mesh: Mesh | None):
     """Shardings for a state pytree, given its PartitionSpec tree (from nnx.get_partition_spec).
 
-    With no mesh every leaf goes to the first device.
+    With no mesh every leaf goes to this process's first device.
     """
     if mesh is None:
-        single = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        single = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         return jax.tree.map(lambda _: single, abstract_state)
     return jax.tree.map(
         lambda spec, leaf: named_sharding(mesh, spec, leaf.shape),

@@ -18,6 +18,13 @@ and runs its own while loop, which stops as soon as that chunk's slots have stop
 not divide R the last chunk is padded with slots that are stopped from the start (their tokens
 are dropped).
 
+Weights. The rollout reads one copy of the parameters, cast once to the compute dtype and gathered
+over the batch mesh axes (`data`, `fsdp`; still split over `tensor`) before the prefill: the
+prefill and every decode step then read the same copy, instead of all-gathering float32 shards
+layer by layer (which XLA hoists out of the loops, holding every layer's gathered float32 weights
+at once, twice). Per device the copy costs parameters x compute-dtype bytes / tensor: 15 GiB for
+Qwen3-8B in bfloat16; a model whose copy does not fit needs `mesh.tensor > 1`.
+
 Randomness. Slot r's token at step t is drawn with `fold_in(fold_in(key, r), t)`, one uniform
 per slot: a slot's completion depends on the key, its slot index and its prompt only, never on
 which other slots share its batch, so chunked and unchunked sampling give the same tokens, up to
@@ -39,7 +46,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from gdro_jax.models import Decoder, KVCache, fit_spec
+from gdro_jax.models import BATCH_AXES, Decoder, KVCache, constrain, fit_spec
 
 
 class FinishReason(enum.IntEnum):
@@ -176,6 +183,55 @@ def _left_align(tokens_NP, lengths_N, pad_id):
     return jnp.where(valid_NP, moved_NP, pad_id), valid_NP
 
 
+def _sampling_copy(model: Decoder) -> Decoder:
+    """`model` with its weights cast to the compute dtype and gathered over the batch axes
+    (kept sharded over `tensor`): the one copy the prefill and the decode loops read."""
+    compute_dtype = jnp.dtype(model.config.compute_dtype)
+    graphdef, state = nnx.split(model)
+
+    def copy(value, spec):
+        value = value.astype(compute_dtype)
+        if model.mesh is None:
+            return value
+        return constrain(value, PartitionSpec(*map(_without_batch_axes, spec)), model.mesh)
+
+    specs = nnx.get_partition_spec(state)
+    state = jax.tree.map(copy, state, specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
+    return nnx.merge(graphdef, state)
+
+
+def _without_batch_axes(entry):
+    """A PartitionSpec entry with the batch mesh axes (`data`, `fsdp`) removed."""
+    axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+    kept = tuple(a for a in axes if a not in BATCH_AXES)
+    return None if not kept else kept[0] if len(kept) == 1 else kept
+
+
+def _positions_on_batch(model: Decoder, cache: KVCache) -> KVCache:
+    """The cache split over the batch mesh axes along its positions instead of its sequences.
+
+    The shared prefill's cache lives this way: a chunk's slots may continue any prompts, and
+    with positions split every device gathers its positions of those prompts' rows locally;
+    one all-to-all per layer then moves them to the slots' devices. Gathering rows of a cache
+    split by prompt builds every layer's C x P rows on every device first (and XLA combines
+    the layers' reductions into one buffer: 36 GiB per device for 128 slots of Qwen3-8B).
+    """
+    if model.mesh is None:
+        return cache
+
+    def by_position(spec: PartitionSpec, position_axis: int) -> PartitionSpec:
+        entries = list(spec) + [None] * (4 - len(spec))
+        entries[position_axis], entries[0] = entries[0], None
+        return PartitionSpec(*entries)
+
+    k_spec = by_position(model.sharding.cache_bkhs, 3)
+    v_spec = by_position(model.sharding.cache_bksh, 2)
+    return KVCache(
+        k=tuple(constrain(k, k_spec, model.mesh) for k in cache.k),
+        v=tuple(constrain(v, v_spec, model.mesh) for v in cache.v),
+    )
+
+
 def _slots_on_batch(model: Decoder, tree, slot_axis: int = 0):
     """Puts every leaf's slot axis on the model's batch mesh axes; the identity without a mesh."""
     if model.mesh is None:
@@ -222,7 +278,7 @@ def _generate(
     pad_id: int,
     micro_batch_slots: int,
 ) -> GenerationResult:
-    model: Decoder = nnx.merge(graphdef, state)
+    model = _sampling_copy(nnx.merge(graphdef, state))
     N, P = tokens_NP.shape
     R, M, C = prompt_of_slot_R.shape[0], max_new_tokens, micro_batch_slots
     S = P + M
@@ -249,6 +305,7 @@ def _generate(
 
     if share_prefill:
         logits_NV, prefix_N = prefill(left_NP, positions_NP, valid_NP)
+        prefix_N = _positions_on_batch(model, prefix_N)
     layers = model.layer_slices()  # weights sliced once, outside the decode loops
 
     def decode_chunk(slot_C):
@@ -257,7 +314,7 @@ def _generate(
         lengths_C = lengths_N[prompt_C]
         if share_prefill:
             logits_CV = logits_NV[prompt_C]
-            prefix = jax.tree.map(lambda a: a[prompt_C], prefix_N)
+            prefix = _positions_on_batch(model, jax.tree.map(lambda a: a[prompt_C], prefix_N))
         else:
             logits_CV, prefix = prefill(
                 left_NP[prompt_C], positions_NP[prompt_C], valid_NP[prompt_C]

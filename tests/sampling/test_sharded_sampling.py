@@ -1,15 +1,25 @@
-"""Sampling on the 8-device fake CPU mesh (data 2, fsdp 2, tensor 2) equals one device's."""
+"""Sampling on the 8-device fake CPU mesh (data 2, fsdp 2, tensor 2) equals one device's, and
+the compiled rollout on a mesh holds each layer's weights and prefix rows once, per device."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
-from gdro_jax.models import from_pretrained, make_mesh
-from gdro_jax.sampling import generate
+from gdro_jax.models import (
+    DecoderConfig,
+    abstract_decoder,
+    from_pretrained,
+    make_mesh,
+    parameter_shardings,
+)
+from gdro_jax.sampling import _generate, generate
 from tests.models.hf_helpers import make_hf_model, random_prompts
 
 PROMPTS = random_prompts((9, 4, 6, 1), seed=6)
-SLOTS = np.array([0, 0, 1, 1, 2, 2, 3, 3], np.int32)
+# Slots continue prompts out of order, so a chunk's slots need prefix rows held by other devices.
+SLOTS = np.array([3, 0, 2, 1, 1, 3, 0, 2], np.int32)
 
 
 @pytest.fixture(scope="module")
@@ -19,8 +29,13 @@ def models(tmp_path_factory):
     return from_pretrained(folder), from_pretrained(folder, mesh=make_mesh(2, 2, 2))
 
 
-@pytest.mark.parametrize("temperature, top_k, top_p", [(0.0, 0, 1.0), (1.0, 10, 0.9)])
-def test_sharded_sampling_equals_single_device(models, temperature, top_k, top_p):
+@pytest.mark.parametrize(
+    "temperature, top_k, top_p, micro_batch_slots",
+    [(0.0, 0, 1.0, None), (1.0, 10, 0.9, None), (1.0, 10, 0.9, 4)],
+)
+def test_sharded_sampling_equals_single_device(
+    models, temperature, top_k, top_p, micro_batch_slots
+):
     single, sharded = models
     kwargs = dict(
         key=jax.random.key(3),
@@ -33,7 +48,7 @@ def test_sharded_sampling_equals_single_device(models, temperature, top_k, top_p
         eos_ids=[5],
     )
     expected = generate(single, PROMPTS, **kwargs)
-    result = generate(sharded, PROMPTS, **kwargs)
+    result = generate(sharded, PROMPTS, micro_batch_slots=micro_batch_slots, **kwargs)
     assert len(sharded.layers.q[...].sharding.device_set) == 8
     np.testing.assert_array_equal(np.asarray(result.tokens), np.asarray(expected.tokens))
     np.testing.assert_array_equal(np.asarray(result.lengths), np.asarray(expected.lengths))
@@ -43,3 +58,56 @@ def test_sharded_sampling_equals_single_device(models, temperature, top_k, top_p
     np.testing.assert_allclose(
         np.asarray(result.logprobs), np.asarray(expected.logprobs), atol=1e-5
     )
+
+
+def _rollout_temporaries(config: DecoderConfig, *, N, P, M, R, C) -> int:
+    """Compiled temporary bytes per device of `generate`'s jitted body on a 1 x 4 x 1 mesh."""
+    mesh = make_mesh(1, 4, 1)
+    model = abstract_decoder(config, mesh=mesh)
+    graphdef, state = nnx.split(model)
+    state = jax.tree.map(
+        lambda a, sharding: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding),
+        state,
+        parameter_shardings(model, mesh),
+    )
+    ints = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)  # noqa: E731
+    scalar = jax.ShapeDtypeStruct((), jnp.float32)
+    lowered = _generate._generate.lower(
+        graphdef, state, ints(N, P), ints(N), ints(R), ints(1), jax.random.key(0), scalar, scalar,
+        max_new_tokens=M, top_k=0, greedy=False, use_top_p=False, share_prefill=True, pad_id=0,
+        micro_batch_slots=C,
+    )  # fmt: skip
+    return lowered.compile().memory_analysis().temp_size_in_bytes
+
+
+def _per_layer(config: DecoderConfig, **shapes) -> float:
+    """What one more layer adds to the rollout's temporaries (6 layers against 2)."""
+    deep = _rollout_temporaries(config.replace(num_layers=6), **shapes)
+    shallow = _rollout_temporaries(config.replace(num_layers=2), **shapes)
+    return (deep - shallow) / 4
+
+
+def test_rollout_holds_each_layers_prefix_rows_on_their_devices_only():
+    """A layer adds its shards of the chunk's KV cache and of the shared prefill cache, nothing
+    more: gathering a chunk's prefix rows from a cache split by prompt would first build the
+    chunk's C x P rows of every layer on every device (3x this layer cost here)."""
+    config = DecoderConfig.tiny(compute_dtype="bfloat16")
+    N, P, M, R, C = 16, 256, 4, 64, 32
+    per_kv_slot = 2 * config.num_kv_heads * config.head_dim * 2  # keys and values, bfloat16
+    own_shards = (C * (P + M) + N * P) * per_kv_slot / 4  # 4 batch shards
+    growth = _per_layer(config, N=N, P=P, M=M, R=R, C=C)
+    assert growth < 1.5 * own_shards, (growth, own_shards)
+
+
+def test_rollout_gathers_each_layers_weights_once():
+    """The prefill and the decode loop read one gathered copy of the weights: a layer adds at
+    most one gathered copy (in float32: XLA:CPU computes bfloat16 dots in float32), not one for
+    the prefill and another hoisted out of the decode loop (2x)."""
+    config = DecoderConfig.tiny(
+        compute_dtype="bfloat16", d_model=256, mlp_dim=1024, num_heads=8, num_kv_heads=4,
+        head_dim=32,
+    )  # fmt: skip
+    D, F, H = config.d_model, config.mlp_dim, config.head_dim
+    layer_float32 = 4 * (2 * D * config.num_heads * H + 2 * D * config.num_kv_heads * H + 3 * D * F)
+    growth = _per_layer(config, N=4, P=16, M=4, R=8, C=4)
+    assert growth < 1.5 * layer_float32, (growth, layer_float32)
