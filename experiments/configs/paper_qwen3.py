@@ -71,8 +71,10 @@ def paper_config(size: str) -> ml_collections.ConfigDict:
     preset = getattr(models.DecoderConfig, SIZES[size])()
     config.model = ml_collections.ConfigDict(dataclasses.asdict(preset))
     # Mixed precision: float32 master weights and Adam moments, bfloat16 matmuls and KV cache;
-    # norms, softmax, log-probs and the loss stay float32.
-    config.model.update(param_dtype="float32", compute_dtype="bfloat16")
+    # norms, softmax, log-probs and the loss stay float32. Not in the paper: remat (each block's
+    # activations recomputed in the backward pass), without which no update micro-batch of the
+    # 8B model fits 80 GiB devices (python -m experiments.plan).
+    config.model.update(param_dtype="float32", compute_dtype="bfloat16", remat=True)
     config.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=8, tensor=1))
     # Memory per device in GiB: build_run refuses a run whose memory plan exceeds it before
     # allocating, naming the knob (python -m experiments.plan prints the plan). None (a float
@@ -109,6 +111,10 @@ def paper_config(size: str) -> ml_collections.ConfigDict:
             # the activations of 2 x (1024 + 4096) tokens per device instead of 64 x that. The
             # same update up to float rounding (resumable).
             micro_batch_slots=16,
+            # Not in the paper: the output projection 1024 positions at a time (recomputed in the
+            # backward pass), so the float32 logits of a pass hold 1024 of the 5120 positions
+            # (2 slots x 1024 x 151,936 x 4 bytes = 1.2 GiB per device instead of 5.8).
+            logprob_chunk_tokens=1024,
         )
     )
     config.guards = controller_defaults.guards()

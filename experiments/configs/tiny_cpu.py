@@ -68,6 +68,9 @@ def get_config() -> ml_collections.ConfigDict:
             # (R / num_minibatches); None (an int placeholder, so that the flag parses): the whole
             # mini-batch at once. The same update up to float rounding, so a resume may change it.
             micro_batch_slots=ml_collections.config_dict.placeholder(int),
+            # Positions per output-projection chunk in the update (the [slots, P + M, vocab]
+            # logits never exist at once); None: all at once. Float rounding only, resumable.
+            logprob_chunk_tokens=ml_collections.config_dict.placeholder(int),
         )
     )
     config.guards = controller_defaults.guards()

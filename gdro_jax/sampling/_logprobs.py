@@ -30,7 +30,8 @@ def sequence_logprobs(
       temperature: the sampler's temperature (1 for a greedy sampler).
       chunk_size: run the output projection and softmax over this many positions at a time,
         rematerialised in the backward pass, so the [B, T, V] logits never exist at once (they
-        dominate memory for a 152k vocabulary). Must divide T. None: all positions at once.
+        dominate memory for a 152k vocabulary). When it does not divide T, the last chunk is
+        padded. None: all positions at once.
 
     Returns:
       logprobs_BT float32; 0 where the token is padding or has no real token before it (a row's
@@ -54,13 +55,15 @@ def sequence_logprobs(
     if chunk_size is None:
         predicted_BT = chunk(h_BTD, next_BT)
     else:
-        if not isinstance(chunk_size, int) or chunk_size < 1 or T % chunk_size:
-            raise ValueError(f"chunk_size must be a positive divisor of T={T}, got {chunk_size!r}")
-        n = T // chunk_size
-        h_nBCD = h_BTD.reshape(B, n, chunk_size, -1).swapaxes(0, 1)
-        next_nBC = next_BT.reshape(B, n, chunk_size).swapaxes(0, 1)
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+            raise ValueError(f"chunk_size must be None or a positive int, got {chunk_size!r}")
+        n = -(-T // chunk_size)
+        pad = n * chunk_size - T
+        h_nBCD = jnp.pad(h_BTD, ((0, 0), (0, pad), (0, 0)))
+        h_nBCD = h_nBCD.reshape(B, n, chunk_size, -1).swapaxes(0, 1)
+        next_nBC = jnp.pad(next_BT, ((0, 0), (0, pad))).reshape(B, n, chunk_size).swapaxes(0, 1)
         predicted_nBC = jax.lax.map(lambda xs: jax.checkpoint(chunk)(*xs), (h_nBCD, next_nBC))
-        predicted_BT = predicted_nBC.swapaxes(0, 1).reshape(B, T)
+        predicted_BT = predicted_nBC.swapaxes(0, 1).reshape(B, n * chunk_size)[:, :T]
     logprobs_BT = jnp.concatenate([jnp.zeros((B, 1), jnp.float32), predicted_BT[:, :-1]], axis=1)
     has_context_BT = jnp.concatenate([jnp.zeros((B, 1), bool), mask_BT[:, :-1]], axis=1)
     return jnp.where(mask_BT & has_context_BT, logprobs_BT, 0.0)
@@ -85,7 +88,7 @@ def completion_logprobs(
       completion_tokens_RM: completions (`GenerationResult.tokens`).
       completion_lengths_R: completion lengths (`GenerationResult.lengths`).
       temperature: the sampler's temperature (1 for a greedy sampler).
-      chunk_size: see `sequence_logprobs`; must divide P + M.
+      chunk_size: see `sequence_logprobs` (positions of the P + M per chunk).
 
     Returns:
       logprobs_RM float32, 0 after each completion's end.

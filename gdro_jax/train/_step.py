@@ -54,6 +54,10 @@ class GRPOConfig:
     # activation memory. None (or at least a mini-batch): the whole mini-batch at once. Changes
     # float rounding only.
     micro_batch_slots: int | None = None
+    # Positions per output-projection chunk (`completion_logprobs(chunk_size=...)`, recomputed in
+    # the backward pass): the [slots, P + M, vocab] float32 logits never exist at once. None: all
+    # positions at once. Changes float rounding only.
+    logprob_chunk_tokens: int | None = None
 
     def __post_init__(self):
         if not isinstance(self.num_minibatches, int) or self.num_minibatches < 1:
@@ -79,13 +83,12 @@ class GRPOConfig:
             raise ValueError(f"kl_coef must be >= 0, got kl_coef={self.kl_coef!r}")
         if not self.temperature > 0:
             raise ValueError(f"temperature must be > 0, got temperature={self.temperature!r}")
-        slots = self.micro_batch_slots
-        if slots is not None and (
-            not isinstance(slots, int) or isinstance(slots, bool) or slots < 1
-        ):
-            raise ValueError(
-                f"micro_batch_slots must be None or a positive int, got micro_batch_slots={slots!r}"
-            )
+        for name in ("micro_batch_slots", "logprob_chunk_tokens"):
+            value = getattr(self, name)
+            if value is not None and (
+                not isinstance(value, int) or isinstance(value, bool) or value < 1
+            ):
+                raise ValueError(f"{name} must be None or a positive int, got {name}={value!r}")
 
 
 def _check_micro_batches(
@@ -112,7 +115,7 @@ def _zero_gradients(graphdef: nnx.GraphDef, params: nnx.State) -> nnx.State:
     return jax.lax.with_sharding_constraint(zeros, models.parameter_shardings(model, model.mesh))
 
 
-def _token_logprobs(graphdef, params, rollouts: Rollouts, idx, temperature: float) -> jax.Array:
+def _token_logprobs(graphdef, params, rollouts: Rollouts, idx, config: GRPOConfig) -> jax.Array:
     """Per-token log-probs of the slots `idx` under `params` (the sampling temperature applied)."""
     model = nnx.merge(graphdef, params)
     return completion_logprobs(
@@ -121,7 +124,8 @@ def _token_logprobs(graphdef, params, rollouts: Rollouts, idx, temperature: floa
         rollouts.prompt_lengths[idx],
         rollouts.tokens[idx],
         rollouts.lengths[idx],
-        temperature=temperature,
+        temperature=config.temperature,
+        chunk_size=config.logprob_chunk_tokens,
     )
 
 
@@ -155,11 +159,11 @@ def minibatch_step(
     normalizer = losses.aggregation_normalizer(mask_RM[idx])
 
     def loss_fn(params, micro_idx):
-        logp = _token_logprobs(graphdef, params, rollouts, micro_idx, config.temperature)
+        logp = _token_logprobs(graphdef, params, rollouts, micro_idx, config)
         ref_logp = None
         if config.kl_coef > 0:
             ref_logp = jax.lax.stop_gradient(
-                _token_logprobs(graphdef, ref_params, rollouts, micro_idx, config.temperature)
+                _token_logprobs(graphdef, ref_params, rollouts, micro_idx, config)
             )
         loss, metrics = losses.policy_loss(
             logp,

@@ -308,6 +308,8 @@ def test_a_sharded_update_equals_the_unaccumulated_and_compiles_once(setup):
 def test_a_bad_micro_batch_size_is_refused_naming_the_field(value):
     with pytest.raises(ValueError, match=f"got micro_batch_slots={value!r}"):
         _grpo("token_mean", 0.0, value)
+    with pytest.raises(ValueError, match=f"got logprob_chunk_tokens={value!r}"):
+        _grpo("token_mean", 0.0, None, logprob_chunk_tokens=value)
 
 
 def test_a_micro_batch_size_that_does_not_divide_the_minibatch_is_refused(setup):
@@ -324,3 +326,15 @@ def test_a_micro_batch_size_that_does_not_divide_the_minibatch_is_refused(setup)
             num_prompts=NUM_PROMPTS,
             num_bins=len(SCORES),
         )
+
+
+def test_a_chunked_output_projection_gives_the_same_update(setup):
+    """`logprob_chunk_tokens` (5: not a divisor of the P + M positions, so the last chunk is
+    padded) with accumulation over micro-batches of 4 gives the unchunked, unaccumulated
+    mini-batch: gradients, parameters and both log-probs."""
+    positions = setup["batch"].prompt_tokens.shape[1] + MAX_NEW_TOKENS
+    assert positions % 5, positions
+    got = _one_minibatch(setup, _grpo("token_mean", KL_COEF, 4, logprob_chunk_tokens=5))
+    want = _one_minibatch(setup, _grpo("token_mean", KL_COEF, None))
+    for name in ("grads", "params", "logp", "ref_logp"):
+        _assert_trees_close(got[name], want[name])
