@@ -59,6 +59,34 @@ def _check_outputs() -> None:
                 _fail(f"--{name}={path} is a file, not a folder; pass a folder (new or existing)")
 
 
+def define_process_flags() -> None:
+    """Defines the flags that join a run of several processes (`join_processes` reads them)."""
+    flags.DEFINE_string(
+        "coordinator_address",
+        None,
+        "Several processes: process 0's host:port (with the two below).",
+    )
+    flags.DEFINE_integer("num_processes", None, "Several processes: how many.")
+    flags.DEFINE_integer("process_id", None, "Several processes: this one's index.")
+    flags.DEFINE_bool(
+        "distributed", False, "Several processes, found by JAX (SLURM, Open MPI, Cloud TPU, GKE)."
+    )
+
+
+def join_processes() -> bool:
+    """Joins a multi-process run (the flags, or a SLURM job / TPU slice), before any device is
+    touched; nothing for one process. True when several processes run."""
+    from gdro_jax import train  # noqa: PLC0415 (jax starts its backends no earlier than needed)
+
+    values = flags.FLAGS
+    return train.initialize_distributed(
+        values.coordinator_address,
+        values.num_processes,
+        values.process_id,
+        auto=values.distributed,
+    )
+
+
 def run(main) -> None:
     """`absl.app.run(main)` with a quiet console and one-line user errors (see the module doc)."""
     for name, path in _config_files(sys.argv[1:]):

@@ -2,10 +2,16 @@
 or its model/ folder on the chain task's test split, any other HF folder on the math benchmarks.
 
     python -m experiments.evaluate --policy=runs/grpo --out=runs/grpo_eval
+
+Several processes (hosts, or one process per accelerator): the same command in every process,
+plus `--coordinator_address`, `--num_processes` and `--process_id`, or `--distributed` (as for
+`experiments.train`). Each process samples and grades its share of the math batches on its own
+first device and host; process 0 writes the output folder, the same files one process writes.
 """
 
 import os
 
+import jax
 from absl import flags
 
 from experiments import _cli
@@ -38,12 +44,14 @@ F.DEFINE_string("bin_field", "level", "Math only: row field holding the difficul
 F.DEFINE_bool("chat_template", True, "Math only: wrap prompts in the chat template.")
 F.DEFINE_enum("dtype", "auto", evaluation_lib.DTYPES, "HF weights; auto: f32 on CPU, else bf16.")
 F.DEFINE_bool("save_completions", True, "Write completions.jsonl: texts, answers, verdicts.")
+_cli.define_process_flags()
 
 
 def main(_):
     # Checked here, not marked required: other entry points parse their flags in one process.
     if missing := [name for name in ("policy", "out") if not F.FLAGS[name].value]:
         raise ValueError(f"--{missing[0]} is required (python -m experiments.evaluate --help)")
+    several = _cli.join_processes()  # before any device is touched
     values = {name: F.FLAGS[name].value for name in F.FLAGS}
     passed = ("benchmarks", "limit", "dtype", "save_completions", "data_dir", "num_workers")
     passed += ("grader_timeout_s", "bins_from", "bin_field", "chat_template")
@@ -52,6 +60,8 @@ def main(_):
         sampling={name: values[name] for name in SAMPLING if values[name] is not None},
         **{name: values[name] for name in passed},
     )  # fmt: skip
+    if several and jax.process_index() != 0:  # process 0 writes and prints
+        return
     print(report.to_markdown(), f"\nWritten to {values['out']}: {os.listdir(values['out'])}")
 
 

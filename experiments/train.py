@@ -28,23 +28,14 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file.
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Folder for metrics, checkpoints, TensorBoard and summaries; resumed if set."
 )
-_COORDINATOR = flags.DEFINE_string(
-    "coordinator_address", None, "Several processes: process 0's host:port (with the two below)."
-)
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Several processes: how many.")
-_PROCESS_ID = flags.DEFINE_integer("process_id", None, "Several processes: this one's index.")
-_DISTRIBUTED = flags.DEFINE_bool(
-    "distributed", False, "Several processes, found by JAX (SLURM, Open MPI, Cloud TPU, GKE)."
-)
+_cli.define_process_flags()
 flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
     del argv
     # Before any device is touched: joins a multi-process run (flags, SLURM or a TPU slice).
-    train.initialize_distributed(
-        _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value, auto=_DISTRIBUTED.value
-    )
+    _cli.join_processes()
     try:
         result = train.train(_CONFIG.value, _WORKDIR.value)
     except train.TrainingInterrupted as stop:

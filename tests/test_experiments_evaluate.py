@@ -15,6 +15,7 @@ import collections
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -77,21 +78,37 @@ def _snapshot(folder: Path) -> dict[str, bytes] | None:
     return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
 
 
-def test_main_writes_the_report_and_the_completions(policy_dir, data_dir, math500, tmp_path):
-    out = tmp_path / "eval"
-    printed = _evaluate(
-        [
-            f"--policy={policy_dir}",
-            f"--out={out}",
-            "--benchmarks=math500",
-            f"--data_dir={data_dir}",
-            f"--limit={NUM_PROBLEMS}",
-            f"--num_samples={NUM_SAMPLES}",
-            "--max_new_tokens=16",
-            "--batch_size=5",
-            "--num_workers=1",
-        ]
-    ).stdout
+def _math_flags(policy_dir, data_dir, out) -> list[str]:
+    # Batches of 4 problems: 4, 4 and 2 (padded); two processes share the first round and
+    # process 1 idles in the second.
+    return [
+        f"--policy={policy_dir}",
+        f"--out={out}",
+        "--benchmarks=math500",
+        f"--data_dir={data_dir}",
+        f"--limit={NUM_PROBLEMS}",
+        f"--num_samples={NUM_SAMPLES}",
+        "--max_new_tokens=16",
+        "--batch_size=4",
+        "--num_workers=1",
+    ]
+
+
+@pytest.fixture(scope="module")
+def math_eval(policy_dir, data_dir, tmp_path_factory):
+    """(the output folder, what it printed) of one process evaluating the math policy."""
+    out = tmp_path_factory.mktemp("math_eval") / "eval"
+    return out, _evaluate(_math_flags(policy_dir, data_dir, out)).stdout
+
+
+def _without_timing(report_path: Path) -> dict:
+    report = json.loads(report_path.read_text())
+    del report["timing"], report["grader"]["restarts_this_run"]
+    return report
+
+
+def test_main_writes_the_report_and_the_completions(policy_dir, math500, math_eval):
+    out, printed = math_eval
     report = json.loads((out / "report.json").read_text())
     assert report["num_samples"] == NUM_SAMPLES
     assert list(report["benchmarks"]) == ["math500"]
@@ -137,6 +154,50 @@ def test_main_writes_the_report_and_the_completions(policy_dir, data_dir, math50
             assert completion["extracted_answer"] == rewards.extract_answer(completion["text"])
             statuses[completion["status"]] += 1
     assert {s: statuses[s] for s in rewards.STATUSES} == {s: grader[s] for s in rewards.STATUSES}
+
+
+def test_two_processes_write_what_one_process_writes(policy_dir, data_dir, math_eval, tmp_path):
+    """`--num_processes=2`: each process samples and grades its batches, process 0 writes the
+    files and prints the report; they equal a single process's (each process's first device is
+    a CPU, as the single process's)."""
+    out = tmp_path / "two"
+    with socket.socket() as sock:
+        sock.bind(("localhost", 0))
+        port = sock.getsockname()[1]
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    processes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "experiments.evaluate",
+                *_math_flags(policy_dir, data_dir, out),
+                f"--coordinator_address=localhost:{port}",
+                "--num_processes=2",
+                f"--process_id={index}",
+            ],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for index in range(2)
+    ]
+    try:
+        outputs = [process.communicate(timeout=600) for process in processes]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+    for process, (_, stderr) in zip(processes, outputs, strict=True):
+        assert process.returncode == 0, stderr[-3000:]
+    single, printed = math_eval
+    assert f"| math500 | {NUM_PROBLEMS} |" in outputs[0][0]
+    assert "math500" not in outputs[1][0]  # process 1 prints no report (gloo's lines aside)
+    for name in ("settings.json", "samples.jsonl", "completions.jsonl"):
+        assert (out / name).read_bytes() == (single / name).read_bytes(), name
+    assert _without_timing(out / "report.json") == _without_timing(single / "report.json")
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,13 @@ same request: P depends on the longest prompt requested and changes results only
 floating-point rounding). Bins are not stored with the samples: rerunning with other bins
 rewrites the report without sampling anything.
 
+Several processes (`jax.distributed` initialised, e.g. `experiments/evaluate.py` with
+`--num_processes`): each holds the policy on its own devices; the batches left are dealt out
+round by round (process p samples and grades the p-th of each round on its own host), and
+process 0 alone reads and writes the output folder, writing each round's batches in order. Batch
+keys do not depend on who samples, so the files equal a single process's (up to the matmuls'
+rounding on other devices).
+
 Nothing is written before the request is checked: prompts are tokenized (a tokenizer that cannot
 encode them, such as the chain task's, raises a ValueError naming the problem), bins read, and
 the stored settings and prompts compared first. A refused run leaves the folder untouched, and a
@@ -71,7 +78,9 @@ import jax
 import numpy as np
 from tqdm.auto import tqdm
 
+from gdro_jax import rewards
 from gdro_jax.eval import _math_files as files
+from gdro_jax.eval import _processes
 from gdro_jax.eval._math_files import COMPLETIONS_FILE, SAMPLES_FILE, SETTINGS_FILE
 from gdro_jax.eval._math_report import MathEvaluation, summarize_problems
 from gdro_jax.sampling import FinishReason, generate
@@ -217,6 +226,33 @@ def _tokenize_request(
     return plan, rows_by_id
 
 
+def _open_folder(out: Path, plan, stored_settings) -> dict[tuple[str, str], dict[str, Any]]:
+    """Reads and checks the stored samples, then prepares the folder; returns the finished
+    problems' records. Every check comes before the first write: a refusal (ValueError) leaves
+    `out` as it was."""
+    records, repair = files.read_records(out / SAMPLES_FILE)
+    files.check_settings(out / SETTINGS_FILE, stored_settings, has_samples=bool(records))
+    for name, p in plan.items():
+        for problem_id, _, _, prompt_hash in p["kept"]:
+            done = records.get((name, problem_id))
+            if done is not None and done["prompt_sha"] != prompt_hash:
+                raise ValueError(
+                    f"{out / SAMPLES_FILE}: setting 'prompt' differs for {name} problem "
+                    f"{problem_id!r}: its stored samples continue another prompt (another "
+                    "tokenizer, template or suffix); use another output folder"
+                )
+    out.mkdir(parents=True, exist_ok=True)
+    if not records or not (out / SETTINGS_FILE).exists():
+        files.write_settings(out / SETTINGS_FILE, stored_settings)
+    if repair is not None:
+        repair()
+    if records:
+        files.keep_finished_completions(out / COMPLETIONS_FILE, records)
+    else:  # a fresh start: no line of an earlier run stays
+        (out / COMPLETIONS_FILE).unlink(missing_ok=True)
+    return records
+
+
 def evaluate_math(
     model,
     tokenizer,
@@ -264,7 +300,8 @@ def evaluate_math(
       on_batch_done: called with (benchmark, batch index) after each batch is written.
 
     Returns:
-      `MathEvaluation`; `report.json` and `report.md` are written to `out_dir`.
+      `MathEvaluation`; `report.json` and `report.md` are written to `out_dir`. In a run of
+      several processes (module docstring) process 0 returns it and the others None.
 
     Raises:
       ValueError: for bad arguments, a prompt the tokenizer cannot encode, a prompt over the
@@ -289,30 +326,32 @@ def evaluate_math(
     stored_settings = json.loads(
         json.dumps({"policy": policy_name, **dataclasses.asdict(settings)})
     )
-    records, repair = files.read_records(out / SAMPLES_FILE)
-    files.check_settings(out / SETTINGS_FILE, stored_settings, has_samples=bool(records))
-    for name, p in plan.items():
-        for problem_id, _, _, prompt_hash in p["kept"]:
-            done = records.get((name, problem_id))
-            if done is not None and done["prompt_sha"] != prompt_hash:
-                raise ValueError(
-                    f"{out / SAMPLES_FILE}: setting 'prompt' differs for {name} problem "
-                    f"{problem_id!r}: its stored samples continue another prompt (another "
-                    "tokenizer, template or suffix); use another output folder"
-                )
-    out.mkdir(parents=True, exist_ok=True)
-    if not records or not (out / SETTINGS_FILE).exists():
-        files.write_settings(out / SETTINGS_FILE, stored_settings)
-    if repair is not None:
-        repair()
-    if records:
-        files.keep_finished_completions(out / COMPLETIONS_FILE, records)
-    else:  # a fresh start: no line of an earlier run stays
-        (out / COMPLETIONS_FILE).unlink(missing_ok=True)
+    batches = [  # (benchmark, batch index, its first problem): the same in every process
+        (name, batch, first)
+        for name, p in plan.items()
+        for batch, first in enumerate(range(0, len(p["kept"]), batch_size))
+    ]
+    # Which problems of each batch are left: process 0 reads, checks and prepares the folder (a
+    # refusal leaves it as it was) and tells the other processes.
+    records: dict[tuple[str, str], dict[str, Any]] = {}
+    refused = None
+    todo_JB = np.zeros((len(batches), batch_size), bool)
+    if _processes.is_primary():
+        try:
+            records = _open_folder(out, plan, stored_settings)
+        except ValueError as error:
+            refused = error
+        for j, (name, _, first) in enumerate(batches):
+            real = plan[name]["kept"][first : first + batch_size]
+            todo_JB[j, : len(real)] = [(name, pid) not in records for pid, *_ in real]
+    failed, todo_JB = _processes.from_primary((np.int32(refused is not None), todo_JB))
+    if refused is not None:
+        raise refused
+    if failed:
+        raise ValueError(f"process 0 refused the request for {out} (its error names the cause)")
 
     longest = max((len(t) for p in plan.values() for _, _, t, _ in p["kept"]), default=1)
     prompt_pad = -(-longest // settings.prompt_bucket) * settings.prompt_bucket
-
     eos_ids = sorted(
         {int(i) for i in getattr(getattr(model, "config", None), "eos_token_ids", ())}
         | ({int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set())
@@ -322,102 +361,151 @@ def evaluate_math(
     base_key = jax.random.key(settings.seed)
     timing = collections.Counter()
     restarts_before = grader.stats.restarts
-    todo = sum(1 for name, p in plan.items() for pid, *_ in p["kept"] if (name, pid) not in records)
-    bar = tqdm(total=todo, disable=not progress, desc="math eval", unit="problem")
-    completions_file = (
-        open(out / COMPLETIONS_FILE, "a") if save_completions else contextlib.nullcontext()
+
+    def decode(tokens_RM, lengths_R, slots):
+        return tokenizer.batch_decode(
+            [tokens_RM[r, : lengths_R[r]].tolist() for r in slots], skip_special_tokens=True
+        )
+
+    def sample_and_grade(j: int) -> tuple[dict[str, np.ndarray], list[str]]:
+        """Batch j's samples and the grades of its problems left to do (this process's work)."""
+        name, batch, first = batches[j]
+        kept = plan[name]["kept"]
+        # The last batch is padded with the benchmark's first problems (one shape).
+        rows_B = [kept[(first + i) % len(kept)] for i in range(batch_size)]
+        tokens_BP = np.full((batch_size, prompt_pad), pad_id, np.int32)
+        for i, (_, _, tokens, _) in enumerate(rows_B):
+            tokens_BP[i, : len(tokens)] = tokens
+        lengths_B = np.asarray([len(t) for _, _, t, _ in rows_B], np.int32)
+        key = jax.random.fold_in(jax.random.fold_in(base_key, _stable_hash(name)), batch)
+        tick = time.perf_counter()
+        result = sampler(
+            model,
+            tokens_BP,
+            prompt_lengths=lengths_B,
+            prompt_of_slot=prompt_of_slot_R,
+            key=key,
+            max_new_tokens=settings.max_new_tokens,
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            top_k=settings.top_k,
+            eos_ids=eos_ids,
+            pad_id=pad_id,
+        )
+        tokens_RM = np.asarray(result.tokens, np.int32)
+        lengths_R = np.asarray(result.lengths, np.int32)
+        finish = getattr(result, "finish_reasons", None)
+        truncated_R = (
+            lengths_R >= settings.max_new_tokens
+            if finish is None
+            else np.asarray(finish) == int(FinishReason.LENGTH)
+        )
+        elapsed = time.perf_counter() - tick
+        timing["sampling_s"] += elapsed
+        if timing["batches"] == 0:
+            timing["first_call_s"] = elapsed
+        timing["batches"] += 1
+
+        tick = time.perf_counter()
+        slots = [i * k + sample for i in np.flatnonzero(todo_JB[j]) for sample in range(k)]
+        completions = decode(tokens_RM, lengths_R, slots)
+        timing["decoding_s"] += time.perf_counter() - tick
+        tick = time.perf_counter()
+        golds = [str(rows_by_id[name][rows_B[r // k][0]]["answer"]) for r in slots]
+        grades = grader.grade_items(completions, golds, progress=False)
+        timing["grading_s"] += time.perf_counter() - tick
+        scores_R = np.zeros(len(lengths_R), np.float64)
+        statuses_R = np.zeros(len(lengths_R), np.int32)
+        scores_R[slots] = [g.score for g in grades]
+        statuses_R[slots] = [rewards.STATUSES.index(g.status) for g in grades]
+        arrays = dict(
+            tokens=tokens_RM,
+            lengths=lengths_R,
+            truncated=truncated_R.astype(np.int32),
+            scores=scores_R,
+            statuses=statuses_R,
+        )
+        return arrays, completions
+
+    def write(j: int, arrays: dict[str, np.ndarray], completions: list[str] | None) -> None:
+        """Batch j's finished problems into the files (process 0); `completions` None: decoded
+        here from the tokens (another process sampled the batch)."""
+        name, batch, first = batches[j]
+        real = plan[name]["kept"][first : first + batch_size]
+        missing = np.flatnonzero(todo_JB[j])
+        slots = [i * k + sample for i in missing for sample in range(k)]
+        lengths_R, truncated_R = arrays["lengths"], arrays["truncated"].astype(bool)
+        if completions is None:
+            completions = decode(arrays["tokens"], lengths_R, slots)
+        grades = [
+            rewards.Grade(float(arrays["scores"][r]), rewards.STATUSES[arrays["statuses"][r]])
+            for r in slots
+        ]
+        if save_completions:  # before samples.jsonl: a finished problem has its line
+            for position, i in enumerate(missing):
+                row = rows_by_id[name][real[i][0]]
+                slots_k = range(i * k, (i + 1) * k)
+                texts = completions[position * k : (position + 1) * k]
+                items = grades[position * k : (position + 1) * k]
+                entry = files.completions_entry(
+                    name, row, texts, items, lengths_R[slots_k], truncated_R[slots_k]
+                )
+                completions_file.write(json.dumps(entry) + "\n")
+            completions_file.flush()
+        for position, i in enumerate(missing):
+            problem_id, _, _, prompt_hash = real[i]
+            items = grades[position * k : (position + 1) * k]
+            record = {
+                "benchmark": name,
+                "id": problem_id,
+                "prompt_sha": prompt_hash,
+                "n": k,
+                "c": int(sum(g.score > 0 for g in items)),
+                "scores": [float(g.score) for g in items],
+                "statuses": [g.status for g in items],
+                "lengths": [int(lengths_R[i * k + sample]) for sample in range(k)],
+                "truncated": int(truncated_R[i * k : (i + 1) * k].sum()),
+            }
+            records[(name, problem_id)] = record
+            samples_file.write(json.dumps(record) + "\n")
+        samples_file.flush()
+        os.fsync(samples_file.fileno())
+        timing["problems"] += len(missing)
+        bar.update(len(missing))
+        if on_batch_done is not None:
+            on_batch_done(name, batch)
+
+    # Several processes: round by round, process p samples and grades the round's p-th batch
+    # left; process 0 writes the round's batches in order, so the files are a single process's.
+    jobs = [j for j in range(len(batches)) if todo_JB[j].any()]
+    count, me, primary = jax.process_count(), jax.process_index(), _processes.is_primary()
+    idle = dict(
+        tokens=np.zeros((batch_size * k, settings.max_new_tokens), np.int32),
+        **{name: np.zeros(batch_size * k, np.int32) for name in ("lengths", "truncated")},
+        scores=np.zeros(batch_size * k, np.float64),
+        statuses=np.zeros(batch_size * k, np.int32),
     )
-    with bar, open(out / SAMPLES_FILE, "a") as samples_file, completions_file:
-        for name, p in plan.items():
-            kept = p["kept"]
-            for batch, first in enumerate(range(0, len(kept), batch_size)):
-                real = kept[first : first + batch_size]
-                missing = [i for i, (pid, *_) in enumerate(real) if (name, pid) not in records]
-                if not missing:
-                    continue
-                # The last batch is padded with the benchmark's first problems (one shape).
-                rows_B = [kept[(first + i) % len(kept)] for i in range(batch_size)]
-                tokens_BP = np.full((batch_size, prompt_pad), pad_id, np.int32)
-                for i, (_, _, tokens, _) in enumerate(rows_B):
-                    tokens_BP[i, : len(tokens)] = tokens
-                lengths_B = np.asarray([len(t) for _, _, t, _ in rows_B], np.int32)
-                key = jax.random.fold_in(jax.random.fold_in(base_key, _stable_hash(name)), batch)
-                tick = time.perf_counter()
-                result = sampler(
-                    model,
-                    tokens_BP,
-                    prompt_lengths=lengths_B,
-                    prompt_of_slot=prompt_of_slot_R,
-                    key=key,
-                    max_new_tokens=settings.max_new_tokens,
-                    temperature=settings.temperature,
-                    top_p=settings.top_p,
-                    top_k=settings.top_k,
-                    eos_ids=eos_ids,
-                    pad_id=pad_id,
-                )
-                tokens_RM = np.asarray(result.tokens)
-                lengths_R = np.asarray(result.lengths)
-                finish = getattr(result, "finish_reasons", None)
-                truncated_R = (
-                    lengths_R >= settings.max_new_tokens
-                    if finish is None
-                    else np.asarray(finish) == int(FinishReason.LENGTH)
-                )
-                elapsed = time.perf_counter() - tick
-                timing["sampling_s"] += elapsed
-                if timing["batches"] == 0:
-                    timing["first_call_s"] = elapsed
-                timing["batches"] += 1
+    bar = tqdm(
+        total=int(todo_JB.sum()), disable=not (progress and primary), desc="math eval",
+        unit="problem",
+    )  # fmt: skip
+    opened = contextlib.ExitStack()
+    with bar, opened:
+        if primary:
+            samples_file = opened.enter_context(open(out / SAMPLES_FILE, "a"))
+            if save_completions:
+                completions_file = opened.enter_context(open(out / COMPLETIONS_FILE, "a"))
+        for start in range(0, len(jobs), count):
+            round_jobs = jobs[start : start + count]
+            mine = round_jobs[me] if me < len(round_jobs) else None
+            arrays, completions = sample_and_grade(mine) if mine is not None else (idle, None)
+            shared = _processes.gather(arrays)
+            if primary:
+                for p, j in enumerate(round_jobs):
+                    write(j, shared[p], completions if p == me else None)
 
-                tick = time.perf_counter()
-                slots = [i * k + j for i in missing for j in range(k)]
-                completions = tokenizer.batch_decode(
-                    [tokens_RM[r, : lengths_R[r]].tolist() for r in slots],
-                    skip_special_tokens=True,
-                )
-                timing["decoding_s"] += time.perf_counter() - tick
-                tick = time.perf_counter()
-                golds = [
-                    str(rows_by_id[name][real[i][0]]["answer"]) for i in missing for _ in range(k)
-                ]
-                grades = grader.grade_items(completions, golds, progress=False)
-                timing["grading_s"] += time.perf_counter() - tick
-                if save_completions:  # before samples.jsonl: a finished problem has its line
-                    for position, i in enumerate(missing):
-                        row = rows_by_id[name][real[i][0]]
-                        slots_k = range(i * k, (i + 1) * k)
-                        texts = completions[position * k : (position + 1) * k]
-                        items = grades[position * k : (position + 1) * k]
-                        entry = files.completions_entry(
-                            name, row, texts, items, lengths_R[slots_k], truncated_R[slots_k]
-                        )
-                        completions_file.write(json.dumps(entry) + "\n")
-                    completions_file.flush()
-
-                for position, i in enumerate(missing):
-                    problem_id, _, _, prompt_hash = real[i]
-                    items = grades[position * k : (position + 1) * k]
-                    record = {
-                        "benchmark": name,
-                        "id": problem_id,
-                        "prompt_sha": prompt_hash,
-                        "n": k,
-                        "c": int(sum(g.score > 0 for g in items)),
-                        "scores": [float(g.score) for g in items],
-                        "statuses": [g.status for g in items],
-                        "lengths": [int(lengths_R[i * k + j]) for j in range(k)],
-                        "truncated": int(truncated_R[i * k : (i + 1) * k].sum()),
-                    }
-                    records[(name, problem_id)] = record
-                    samples_file.write(json.dumps(record) + "\n")
-                samples_file.flush()
-                os.fsync(samples_file.fileno())
-                timing["problems"] += len(missing)
-                bar.update(len(missing))
-                if on_batch_done is not None:
-                    on_batch_done(name, batch)
-
+    if not primary:
+        return None
     evaluation = summarize_problems(
         plan,
         records,

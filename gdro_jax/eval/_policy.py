@@ -2,7 +2,8 @@
 
 A path names:
 
-- a training work directory (`checkpoints/`, `config.json`): its newest usable checkpoint;
+- a training work directory (`checkpoints/`, `config.json`): its newest usable checkpoint (its
+  exported `model/` when several processes evaluate it);
 - its `model/` folder (an HF folder whose parent holds the run's `config.json`), or the `model/`
   folder of a warm start (whose parent holds `pretrain.json`); a finished run's folder without
   checkpoints is read through its `model/`;
@@ -133,6 +134,16 @@ def _load(path, dtype: str):
         raise FileNotFoundError(f"policy={path!r} is not a folder")
     names = set(os.listdir(path))
     weights = any(n.endswith(".safetensors") or n.endswith(".index.json") for n in names)
+    if not weights and "checkpoints" in names and jax.process_count() > 1:
+        # A checkpoint restores onto the run's mesh, which spans the processes; the evaluation
+        # holds one copy of the policy per process (`evaluate_math`), so it reads the export.
+        if os.path.isdir(os.path.join(path, models.MODEL_DIR)):
+            return _load(os.path.join(path, models.MODEL_DIR), dtype)
+        raise ValueError(
+            f"policy={path!r} holds checkpoints but no exported {models.MODEL_DIR}/ folder; "
+            "several processes evaluate an HF folder: evaluate the checkpoint with one process, "
+            "or finish the run (it exports model/)"
+        )
     if not weights and "checkpoints" in names:
         from gdro_jax import train  # noqa: PLC0415 (train imports eval: import when needed)
 

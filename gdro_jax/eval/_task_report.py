@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from gdro_jax import tasks
+from gdro_jax.eval import _processes
 from gdro_jax.eval._math_eval import REPORT_JSON, REPORT_MARKDOWN, _check_int
 from gdro_jax.eval._math_files import COMPLETIONS_FILE, SAMPLES_FILE, SETTINGS_FILE
 from gdro_jax.eval._passk import PassSummary, summarize_counts
@@ -242,7 +243,9 @@ def evaluate_task_policy(
       sampler: the sampling function (see `sample_correct_counts`); tests pass fakes.
 
     Returns:
-      The `TaskReport`.
+      The `TaskReport`. Several processes (`jax.distributed` initialised) each evaluate the
+      whole split on their own devices (the same report: the split is small and the keys are
+      fixed); process 0 alone writes.
 
     Raises:
       ValueError: an output folder that is a file or holds a math evaluation, or bad settings;
@@ -270,7 +273,7 @@ def evaluate_task_policy(
         task_config,
         rows,
         settings,
-        progress,
+        progress and _processes.is_primary(),
         sampler=sampler,
         on_batch=keep_completions if save_completions else None,
     )
@@ -298,6 +301,8 @@ def evaluate_task_policy(
         problem_ids=[str(row["id"]) for row in rows],
         timing={"total_s": time.perf_counter() - tick},
     )
+    if not _processes.is_primary():  # several processes: each evaluated the split, 0 writes
+        return report
     out.mkdir(parents=True, exist_ok=True)
     (out / REPORT_JSON).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
     (out / REPORT_MARKDOWN).write_text(report.to_markdown())

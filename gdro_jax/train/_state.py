@@ -72,7 +72,7 @@ def init_train_state(
     if model.mesh is None:
         # Commit every leaf to the device, as the update's outputs are: a jitted function sees
         # committed and uncommitted inputs as different signatures and would compile twice.
-        state = jax.device_put(state, jax.devices()[0])
+        state = jax.device_put(state, jax.local_devices()[0])
     else:
         state = state._replace(
             gdro=replicate(state.gdro, model.mesh),
