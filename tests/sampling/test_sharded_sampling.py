@@ -81,10 +81,10 @@ def _rollout_temporaries(config: DecoderConfig, *, N, P, M, R, C) -> int:
 
 
 def _per_layer(config: DecoderConfig, **shapes) -> float:
-    """What one more layer adds to the rollout's temporaries (6 layers against 2)."""
-    deep = _rollout_temporaries(config.replace(num_layers=6), **shapes)
+    """What one more layer adds to the rollout's temporaries (4 layers against 2)."""
+    deep = _rollout_temporaries(config.replace(num_layers=4), **shapes)
     shallow = _rollout_temporaries(config.replace(num_layers=2), **shapes)
-    return (deep - shallow) / 4
+    return (deep - shallow) / 2
 
 
 def test_rollout_holds_each_layers_prefix_rows_on_their_devices_only():

@@ -221,6 +221,10 @@ def runs():
         if event == COMPILE_EVENT:
             compiles.append(duration)
 
+    # A program loaded from the session's persistent compilation cache (tests/conftest.py) would
+    # not be compiled at all: the cache is off while counting.
+    cache_enabled = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
     jax.monitoring.register_event_duration_secs_listener(listener)
     try:
         outputs = {m: jax.tree.map(np.asarray, simulator.run(f, keys_a)) for m, f in flags.items()}
@@ -228,6 +232,7 @@ def runs():
             jax.block_until_ready(simulator.run(f, keys_b))
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
+        jax.config.update("jax_enable_compilation_cache", cache_enabled)
     return dict(simulator=simulator, keys=keys_a, outputs=outputs, compiles=len(compiles))
 
 
