@@ -41,32 +41,3 @@ def data_dir():
         tried = ", ".join(str(path) for path in data.data_dir_candidates())
         pytest.skip(f"no data directory: set {data.DATA_DIR_ENV} or provide one of {tried}")
     return found
-
-
-# The longest files first (measured with --durations): pytest-xdist hands whole files to the two
-# workers in collection order, so a long file collected last would run alone at the end.
-_LONGEST_FIRST = (
-    "train/test_resume.py",
-    "train/test_multiprocess.py",
-    "test_readme.py",
-    "test_experiments_evaluate.py",
-    "train/test_step.py",
-    "train/test_learning.py",
-    "train/test_bad_input.py",
-    "test_notebooks.py",
-    "warmstart/test_pretrain.py",
-    "train/test_export.py",
-    "sampling/test_generate.py",
-    "study/test_demo.py",
-)
-
-
-def pytest_collection_modifyitems(items):
-    def rank(item):
-        path = item.path.as_posix()
-        for index, name in enumerate(_LONGEST_FIRST):
-            if path.endswith("tests/" + name):
-                return index
-        return len(_LONGEST_FIRST)
-
-    items.sort(key=rank)  # stable: the rest keep their order
