@@ -22,6 +22,7 @@ from gdro_jax.eval._task_eval import (
     sample_correct_counts,
 )
 from gdro_jax.eval._task_report import (
+    FRONTIER_K,
     FRONTIER_PASS,
     TaskEvalSettings,
     TaskReport,
@@ -31,6 +32,7 @@ from gdro_jax.eval._task_report import (
 
 __all__ = [
     "DTYPES",
+    "FRONTIER_K",
     "FRONTIER_PASS",
     "MathEvalSettings",
     "MathEvaluation",

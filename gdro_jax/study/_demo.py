@@ -23,9 +23,9 @@ from flax import nnx
 
 from gdro_jax import eval as evaluation
 from gdro_jax import models, tasks
-from gdro_jax.eval import evaluate_with
+from gdro_jax.eval import evaluate_with, pass_at_k
 from gdro_jax.train import read_metrics, train
-from gdro_jax.warmstart import pretrain
+from gdro_jax.warmstart import FRONTIER_FILE, pretrain
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -33,22 +33,63 @@ import matplotlib.pyplot as plt  # noqa: E402
 BASELINE = "warm_start"
 
 
-def format_comparison(results: dict[str, evaluation.TaskEvaluation], ks=(1, 8)) -> str:
-    """One table: rows are levels and `pooled`; for each method, pass@k for every k in `ks`."""
+def warm_start_frontier(warm_start_dir: str | pathlib.Path) -> tuple[list[int], int]:
+    """`(levels, k)`: the frontier levels, those where the warm start's validation pass@k (from
+    its `frontier.json`; k = min(8, its samples)) is below `eval.FRONTIER_PASS` (0.95)."""
+    stored = json.loads((pathlib.Path(warm_start_dir) / FRONTIER_FILE).read_text())["evaluation"]
+    k = min(evaluation.FRONTIER_K, stored["num_samples"])
+    levels = sorted(
+        int(level)
+        for level, summary in stored["levels"].items()
+        if summary["pass@k"][str(k)] < evaluation.FRONTIER_PASS
+    )
+    return levels, k
+
+
+def frontier_pass_at(result: evaluation.TaskEvaluation, k: int, levels: list[int]) -> float:
+    """Unbiased pass@k pooled over the problems of `levels` (NaN when there are none)."""
+    chosen = np.isin(result.levels, levels)
+    if not chosen.any():
+        return float("nan")
+    return float(np.mean(pass_at_k(result.num_samples, result.correct[chosen], k)))
+
+
+def format_comparison(
+    results: dict[str, evaluation.TaskEvaluation],
+    ks=(1, 8),
+    frontier_levels: list[int] | None = None,
+    frontier_k: int = evaluation.FRONTIER_K,
+) -> str:
+    """One table: rows are levels, `pooled` and (given `frontier_levels`) `frontier`, pooled
+    over those levels only; for each method, pass@k for every k in `ks`. The pooled figure is
+    mostly the easy levels at their ceiling: the frontier row is where methods can differ."""
     methods = list(results)
     levels = list(next(iter(results.values())).by_level)
-    header = f"{'level':>7} " + " ".join(
+    header = f"{'level':>8} " + " ".join(
         f"{f'{m} pass@{k}':>{max(len(m) + 7, 14)}}" for m in methods for k in ks
     )
     lines = [header]
-    for level in [*levels, None]:
-        name = "pooled" if level is None else f"L{level}"
+    rows: list[tuple[str, Any]] = [(f"L{level}", level) for level in levels]
+    rows.append(("pooled", None))
+    if frontier_levels is not None:
+        rows.append(("frontier", frontier_levels))
+    for name, level in rows:
         cells = []
         for m in methods:
             for k in ks:
                 width = max(len(m) + 7, 14)
-                cells.append(f"{results[m].pass_at(k, level):>{width}.3f}")
-        lines.append(f"{name:>7} " + " ".join(cells))
+                if isinstance(level, list):
+                    value = frontier_pass_at(results[m], k, level)
+                else:
+                    value = results[m].pass_at(k, level)
+                cells.append(f"{value:>{width}.3f}")
+        lines.append(f"{name:>8} " + " ".join(cells))
+    if frontier_levels is not None:
+        shown = ", ".join(f"L{level}" for level in frontier_levels) or "none"
+        lines.append(
+            f"frontier: {shown} (the warm start's validation pass@{frontier_k} below "
+            f"{evaluation.FRONTIER_PASS})"
+        )
     return "\n".join(lines)
 
 
@@ -160,13 +201,17 @@ def run_demo(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> 
         (workdir / method / "eval.json").write_text(json.dumps(result.to_dict(), indent=2))
         results[method] = result
 
-    table = format_comparison(results, ks=(1, config.eval.num_samples))
+    frontier, frontier_k = warm_start_frontier(workdir / BASELINE)
+    table = format_comparison(
+        results, ks=(1, config.eval.num_samples), frontier_levels=frontier, frontier_k=frontier_k
+    )
     (workdir / "table.txt").write_text(table + "\n")
     _plot_rewards(workdir, methods)
     _plot_pass_at_k(workdir, results, config.eval.num_samples)
     _plot_curriculum(workdir, methods)
     summary = {
         "methods": methods,
+        "frontier_levels": frontier,
         "seconds": seconds,
         "results": {m: r.to_dict() for m, r in results.items()},
         "sampled_tokens": {

@@ -2,6 +2,9 @@
 
 import json
 
+import numpy as np
+import pytest
+
 from experiments.configs import demo
 
 
@@ -32,6 +35,23 @@ def test_demo_writes_the_table_plots_and_results(tmp_path, capsys):
     for level in range(1, 7):
         assert f"L{level}" in table
     results = json.loads((tmp_path / "results.json").read_text())
+    # The frontier row pools the levels where the warm start's validation pass@2 is under 0.95.
+    warm = json.loads((tmp_path / "warm_start" / "frontier.json").read_text())["evaluation"]
+    frontier = [int(lv) for lv, s in warm["levels"].items() if s["pass@k"]["2"] < 0.95]
+    assert results["frontier_levels"] == frontier and frontier
+    shown = ", ".join(f"L{level}" for level in frontier)
+    assert f"frontier: {shown} (the warm start's validation pass@2 below 0.95)" in table
+    for method in ("warm_start", "grpo", "gdro_both"):
+        evaluation = results["results"][method]
+        on_frontier = [
+            c for c, lv in zip(evaluation["correct"], evaluation["problem_levels"], strict=True)
+            if lv in frontier
+        ]  # fmt: skip
+        # pass@2 of a problem with c of 2 samples right: 1 if c > 0 (by hand, not the estimator).
+        expected = np.mean([c > 0 for c in on_frontier])
+        row = next(line for line in table.splitlines() if line.strip().startswith("frontier "))
+        column = list(out["results"]).index(method) * 2 + 2  # pass@1, pass@2 per method
+        assert float(row.split()[column]) == pytest.approx(expected, abs=5e-4), method
     assert set(results["results"]) == {"warm_start", "grpo", "gdro_both"}
     assert results["sampled_tokens"]["grpo"] > 0
     for method in ("grpo", "gdro_both"):
