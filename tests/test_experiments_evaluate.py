@@ -15,7 +15,6 @@ import collections
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +26,7 @@ from flax import nnx
 
 from gdro_jax import data, models, rewards, tasks, train
 from gdro_jax import eval as evaluation
+from tests._subprocesses import free_port, stop
 from tests.train.configs import small_run_config
 
 NUM_PROBLEMS = 10
@@ -161,9 +161,7 @@ def test_two_processes_write_what_one_process_writes(policy_dir, data_dir, math_
     files and prints the report; they equal a single process's (each process's first device is
     a CPU, as the single process's)."""
     out = tmp_path / "two"
-    with socket.socket() as sock:
-        sock.bind(("localhost", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     processes = [
         subprocess.Popen(
@@ -188,8 +186,7 @@ def test_two_processes_write_what_one_process_writes(policy_dir, data_dir, math_
         outputs = [process.communicate(timeout=600) for process in processes]
     finally:
         for process in processes:
-            if process.poll() is None:
-                process.kill()
+            stop(process)
     for process, (_, stderr) in zip(processes, outputs, strict=True):
         assert process.returncode == 0, stderr[-3000:]
     single, printed = math_eval

@@ -20,13 +20,14 @@ mid-run resumes from the last checkpoint the same way; `test_resume.py` covers i
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 import safetensors.numpy
+
+from tests._subprocesses import finish, free_port
 
 pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -45,12 +46,6 @@ DISCRETE = {
     "bin/rollouts_per_prompt",
     "bin/tokens",
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("localhost", 0))
-        return sock.getsockname()[1]
 
 
 def _command(workdir, *flags):
@@ -82,7 +77,7 @@ def _run(workdir, cache, *, processes, hooks=None):
     hooks = hooks or [{}] * processes
     if processes > 1:
         hooks = [dict(hook, GDRO_TEST_HOST_REWARD=1) for hook in hooks]
-    port = _free_port()
+    port = free_port()
     started = []
     for index in range(processes):
         flags = []
@@ -101,12 +96,9 @@ def _run(workdir, cache, *, processes, hooks=None):
     codes, logs = [], []
     for index, (process, log) in enumerate(started):
         try:
-            process.wait(timeout=TIMEOUT_S)
+            codes.append(finish(process, TIMEOUT_S))
         finally:
-            if process.poll() is None:
-                process.kill()
             log.close()
-        codes.append(process.returncode)
         with open(f"{workdir}.{index}.log", encoding="utf-8") as file:
             logs.append(file.read()[-3000:])
     return codes, logs

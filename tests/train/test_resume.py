@@ -29,6 +29,7 @@ import pytest
 import safetensors.numpy
 
 from gdro_jax.train import METHODS, read_metrics
+from tests._subprocesses import finish
 
 pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -59,13 +60,11 @@ def _phase(*jobs):
     results = []
     for process, log, path in started:
         try:
-            process.wait(timeout=TIMEOUT_S)
+            code = finish(process, TIMEOUT_S)
         finally:
-            if process.poll() is None:
-                process.kill()
             log.close()
         with open(path, encoding="utf-8") as file:
-            results.append((process.returncode, file.read()))
+            results.append((code, file.read()))
     return results
 
 
