@@ -4,17 +4,18 @@ Each run trains the tiny resume config (`_resume_config.py`, parity reward, KL o
 a 1 x 4 x 1 mesh (`fsdp=4`), so parameters and optimizer state are sharded across processes:
 
     reference    1 process with 4 fake CPU devices, the reward inside jit
-    two          2 processes (gloo collectives) with 2 fake devices each, uninterrupted; the
-                 same reward on the host, each process grading the slots on its own devices
-    preempted    the same, but process 1 alone gets SIGTERM during step 2: both processes agree
-                 to stop, checkpoint step 2 together and exit 143 (killed by the scheduler)
+    preempted    2 processes (gloo collectives) with 2 fake devices each, the same reward on the
+                 host, each process grading the slots on its own devices; process 1 alone gets
+                 SIGTERM during step 2: both processes agree to stop, checkpoint step 2 together
+                 and exit 143 (killed by the scheduler)
     resumed      the preempted run started again: from step 2's checkpoint to the end
 
-`two` must equal `reference` up to float32 rounding: the processes' all-reduce (gloo) sums in
-another order than XLA's in-process one, so losses and gradients differ in the last bits
-(measured: <= 2e-7 relative); every discrete decision (allocations, bins, rewards, accuracy) is
-identical. `resumed` must equal `two` bit for bit: same processes, same collectives. (A SIGKILL
-mid-run resumes from the last checkpoint the same way; `test_resume.py` covers it in one process.)
+The two-process run, preempted and resumed, must equal `reference` up to float32 rounding: the
+processes' all-reduce (gloo) sums in another order than XLA's in-process one, so losses and
+gradients differ in the last bits (measured: <= 2e-7 relative); every discrete decision
+(allocations, bins, rewards, accuracy) is identical, and a resume that lost any state (the key,
+the optimizer's moments, a controller) would not be. (That a resume is bit-identical to an
+uninterrupted run, after a SIGKILL too, `test_resume.py` checks in one process.)
 """
 
 import json
@@ -112,9 +113,8 @@ def runs(tmp_path_factory):
         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
         "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
     }
-    out = {name: base / name for name in ("reference", "two", "resumed")}
+    out = {name: base / name for name in ("reference", "resumed")}
     out["reference_rc"] = _run(out["reference"], cache, processes=1)
-    out["two_rc"] = _run(out["two"], cache, processes=2)
     out["preempted_rc"] = _run(
         out["resumed"], cache, processes=2, hooks=[{}, {"GDRO_TEST_SIGTERM_IN_STEP": 2}]
     )
@@ -135,14 +135,14 @@ def _params(workdir):
 
 
 def test_every_run_finished(runs):
-    for name in ("reference", "two", "resumed"):
+    for name in ("reference", "resumed"):
         codes, logs = runs[f"{name}_rc"]
         assert all(code == 0 for code in codes), (name, codes, logs)
         assert [row["step"] for row in _rows(runs[name])] == [1, 2, 3]
 
 
-def test_two_processes_equal_one_process_on_as_many_devices(runs):
-    rows, reference = _rows(runs["two"]), _rows(runs["reference"])
+def test_two_processes_preempted_and_resumed_equal_one_process_on_as_many_devices(runs):
+    rows, reference = _rows(runs["resumed"]), _rows(runs["reference"])
     assert [sorted(row) for row in rows] == [sorted(row) for row in reference]
     for row, expected in zip(rows, reference, strict=True):
         for name, value in expected.items():
@@ -152,7 +152,7 @@ def test_two_processes_equal_one_process_on_as_many_devices(runs):
                 np.testing.assert_allclose(
                     row[name], value, rtol=RTOL, atol=ATOL, err_msg=f"step {row['step']} {name}"
                 )
-    params, expected = _params(runs["two"]), _params(runs["reference"])
+    params, expected = _params(runs["resumed"]), _params(runs["reference"])
     assert sorted(params) == sorted(expected)
     for name, value in expected.items():
         np.testing.assert_allclose(params[name], value, rtol=RTOL, atol=ATOL, err_msg=name)
@@ -165,18 +165,10 @@ def test_a_signal_to_one_process_stops_both_at_the_same_checkpoint(runs):
     assert runs["preempted_rows"] == 2
 
 
-def test_preempted_and_resumed_equals_uninterrupted_bit_for_bit(runs):
-    assert _rows(runs["resumed"]) == _rows(runs["two"])
-    params, expected = _params(runs["resumed"]), _params(runs["two"])
-    assert sorted(params) == sorted(expected)
-    for name, value in expected.items():
-        assert np.array_equal(params[name], value), name
-
-
 def test_only_process_0_writes_the_run_files(runs):
     # One metrics row per step (process 1 wrote none), one summary, one exported model.
-    summary = json.loads((runs["two"] / "summary.json").read_text())
+    summary = json.loads((runs["resumed"] / "summary.json").read_text())
     assert summary["completed_steps"] == 3
-    assert (runs["two"] / "model" / "config.json").exists()
-    _, logs = runs["two_rc"]
+    assert (runs["resumed"] / "model" / "config.json").exists()
+    _, logs = runs["resumed_rc"]
     assert "steps done" in logs[0] and "steps done" not in logs[1]

@@ -2,17 +2,18 @@
 
 Every run is a subprocess of `experiments/train.py` (through `tests/train/_resume_child.py`, which
 adds a reward a random policy earns and the kill hooks) on the tiny config in
-`_resume_config.py`: 8 steps, a checkpoint every step, the last two kept. For each method an
+`_resume_config.py`: 8 steps, a checkpoint every step, the last two kept. For `grpo` and
+`gdro_both` (whose state holds every controller's: classifier, Prompt-GDRO and Rollout-GDRO) an
 uninterrupted run is compared with a run SIGKILLed right after step 4's checkpoint and resumed:
 the metrics rows (all but `time/*`) and every leaf of the final state must be bit-identical.
-Three of the resumed runs are interrupted once more, differently:
+Copies of the killed `gdro_both` run are resumed and interrupted once more, differently:
 
-    prompt_gdro   a copy of the killed run with step 4's checkpoint garbled resumes from step 3
-    rollout_gdro  SIGKILLed inside the write of step 6's checkpoint: resumes from step 5
-    gdro_both     SIGTERM during step 6 (checkpoints every 100 steps): step 6 saved, exit 143
+    corrupt   step 4's checkpoint garbled: resumes from step 3
+    in_save   SIGKILLed inside the write of step 6's checkpoint: resumes from step 5
+    sigterm   SIGTERM during step 6 (checkpoints every 100 steps): step 6 saved, exit 143
 
-The processes of a phase run concurrently; they share a JAX compilation cache, so only the
-uninterrupted runs compile.
+and each must still end bit-identical to the uninterrupted run. The processes of a phase run
+concurrently; they share a JAX compilation cache, so only the uninterrupted runs compile.
 """
 
 import hashlib
@@ -28,7 +29,7 @@ import orbax.checkpoint as ocp
 import pytest
 import safetensors.numpy
 
-from gdro_jax.train import METHODS, read_metrics
+from gdro_jax.train import read_metrics
 from tests._subprocesses import finish
 
 pytestmark = pytest.mark.slow
@@ -83,6 +84,9 @@ def _snapshot(folder):
     return files
 
 
+RESUMED = ("grpo", "gdro_both")
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("resume")
@@ -91,22 +95,23 @@ def runs(tmp_path_factory):
         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": 0,
         "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": 0,
     }
-    full = {m: base / f"{m}_full" for m in METHODS}
-    killed = {m: base / f"{m}_resumed" for m in METHODS}
+    full = {m: base / f"{m}_full" for m in RESUMED}
+    killed = {m: base / f"{m}_resumed" for m in RESUMED}
     out = {"full": full, "resumed": killed, "base": base}
 
     # Phase 1: the uninterrupted runs (they fill the compilation cache).
-    out["full_rc"] = _phase(*[_job(full[m], m, **cache) for m in METHODS])
+    out["full_rc"] = _phase(*[_job(full[m], m, **cache) for m in RESUMED])
     # Phase 2: the runs killed right after step 4's checkpoint.
     out["killed_rc"] = _phase(
-        *[_job(killed[m], m, GDRO_TEST_KILL_AFTER_SAVE=4, **cache) for m in METHODS]
+        *[_job(killed[m], m, GDRO_TEST_KILL_AFTER_SAVE=4, **cache) for m in RESUMED]
     )
-    out["killed_metrics"] = {m: (killed[m] / "metrics.jsonl").read_bytes() for m in METHODS}
-    out["killed_steps"] = {m: sorted(os.listdir(killed[m] / "checkpoints")) for m in METHODS}
+    out["killed_metrics"] = {m: (killed[m] / "metrics.jsonl").read_bytes() for m in RESUMED}
+    out["killed_steps"] = {m: sorted(os.listdir(killed[m] / "checkpoints")) for m in RESUMED}
 
-    corrupt = base / "prompt_gdro_corrupt"
-    shutil.copytree(killed["prompt_gdro"], corrupt)
-    for root, _, names in os.walk(corrupt / "checkpoints" / "4" / "state"):
+    copies = {name: base / f"gdro_both_{name}" for name in ("corrupt", "in_save", "sigterm")}
+    for copy in copies.values():
+        shutil.copytree(killed["gdro_both"], copy)
+    for root, _, names in os.walk(copies["corrupt"] / "checkpoints" / "4" / "state"):
         if os.path.basename(root) == "d":
             for name in names:
                 path = os.path.join(root, name)
@@ -114,36 +119,36 @@ def runs(tmp_path_factory):
     refused = base / "grpo_refused"
     shutil.copytree(killed["grpo"], refused)
     out["refused_before"] = _snapshot(refused)
-    out["corrupt"], out["refused"] = corrupt, refused
+    out["copies"], out["refused"] = copies, refused
 
     # Phase 3: resumes (two of them interrupted again), the damaged copy, a changed config.
     results = _phase(
         _job(killed["grpo"], "grpo", **cache),
-        _job(killed["prompt_gdro"], "prompt_gdro", **cache),
-        _job(killed["rollout_gdro"], "rollout_gdro", GDRO_TEST_KILL_IN_SAVE=6, **cache),
+        _job(killed["gdro_both"], "gdro_both", **cache),
+        _job(copies["corrupt"], "gdro_both", **cache),
+        _job(copies["in_save"], "gdro_both", GDRO_TEST_KILL_IN_SAVE=6, **cache),
         _job(
-            killed["gdro_both"],
+            copies["sigterm"],
             "gdro_both",
             "--config.checkpoint.every_steps=100",
             GDRO_TEST_SIGTERM_IN_STEP=6,
             **cache,
         ),
-        _job(corrupt, "prompt_gdro", **cache),
         _job(refused, "grpo", "--config.optimizer.learning_rate=0.5", **cache),
     )
-    names = ["grpo", "prompt_gdro", "rollout_gdro", "gdro_both", "corrupt", "refused"]
+    names = ["grpo", "gdro_both", "corrupt", "in_save", "sigterm", "refused"]
     out["phase3"] = dict(zip(names, results, strict=True))
-    out["rollout_gdro_after_kill"] = sorted(os.listdir(killed["rollout_gdro"] / "checkpoints"))
-    out["gdro_both_after_term"] = sorted(os.listdir(killed["gdro_both"] / "checkpoints"))
+    out["in_save_after_kill"] = sorted(os.listdir(copies["in_save"] / "checkpoints"))
+    out["sigterm_after_term"] = sorted(os.listdir(copies["sigterm"] / "checkpoints"))
 
     # Phase 4: the second resumes, and a rerun of a finished workdir.
-    out["full_grpo_before_rerun"] = _snapshot(full["grpo"])
+    out["full_before_rerun"] = _snapshot(full["gdro_both"])
     results = _phase(
-        _job(killed["rollout_gdro"], "rollout_gdro", **cache),
-        _job(killed["gdro_both"], "gdro_both", **cache),
-        _job(full["grpo"], "grpo", **cache),
+        _job(copies["in_save"], "gdro_both", **cache),
+        _job(copies["sigterm"], "gdro_both", **cache),
+        _job(full["gdro_both"], "gdro_both", **cache),
     )
-    out["phase4"] = dict(zip(["rollout_gdro", "gdro_both", "rerun"], results, strict=True))
+    out["phase4"] = dict(zip(["in_save", "sigterm", "rerun"], results, strict=True))
     return out
 
 
@@ -187,8 +192,8 @@ def _assert_same_run(workdir, reference):
 
 
 def test_the_uninterrupted_runs_learn_something(runs):
-    assert [rc for rc, _ in runs["full_rc"]] == [0] * 4, runs["full_rc"]
-    for method in METHODS:
+    assert [rc for rc, _ in runs["full_rc"]] == [0] * len(RESUMED), runs["full_rc"]
+    for method in RESUMED:
         rows = _rows(runs["full"][method])
         assert len(rows) == 8
         assert any(row["grad_norm"] > 0 for row in rows), "the parity reward moves the policy"
@@ -196,7 +201,7 @@ def test_the_uninterrupted_runs_learn_something(runs):
 
 
 def test_the_killed_runs_died_by_sigkill_after_step_4(runs):
-    for method, (rc, log) in zip(METHODS, runs["killed_rc"], strict=True):
+    for method, (rc, log) in zip(RESUMED, runs["killed_rc"], strict=True):
         assert rc == -signal.SIGKILL, (method, log[-3000:])
         assert runs["killed_steps"][method] == ["3", "4"], "keep=2: the last two checkpoints"
         full = (runs["full"][method] / "metrics.jsonl").read_bytes().splitlines(keepends=True)
@@ -205,12 +210,9 @@ def test_the_killed_runs_died_by_sigkill_after_step_4(runs):
         assert len(full) == 8
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", RESUMED)
 def test_kill_and_resume_is_bit_identical_to_an_uninterrupted_run(runs, method):
-    if method in ("grpo", "prompt_gdro"):
-        rc, log = runs["phase3"][method]
-    else:
-        rc, log = runs["phase4"][method]
+    rc, log = runs["phase3"][method]
     assert rc == 0, log[-3000:]
     workdir = runs["resumed"][method]
     _assert_same_run(workdir, runs["full"][method])
@@ -219,38 +221,43 @@ def test_kill_and_resume_is_bit_identical_to_an_uninterrupted_run(runs, method):
 
 
 def test_sigkill_inside_a_checkpoint_write_resumes_from_the_last_complete_one(runs):
-    rc, log = runs["phase3"]["rollout_gdro"]
+    rc, log = runs["phase3"]["in_save"]
     assert rc == -signal.SIGKILL, log[-3000:]
-    assert "5" in runs["rollout_gdro_after_kill"]
-    assert "6" not in runs["rollout_gdro_after_kill"]
-    assert any(name.startswith("6.") for name in runs["rollout_gdro_after_kill"]), (
+    assert "5" in runs["in_save_after_kill"]
+    assert "6" not in runs["in_save_after_kill"]
+    assert any(name.startswith("6.") for name in runs["in_save_after_kill"]), (
         "the killed save left its temporary folder"
     )
-    rc, log = runs["phase4"]["rollout_gdro"]
-    assert rc == 0
-    assert f"resuming from {runs['resumed']['rollout_gdro'] / 'checkpoints' / '5'}" in log
-    final = sorted(os.listdir(runs["resumed"]["rollout_gdro"] / "checkpoints"))
+    rc, log = runs["phase4"]["in_save"]
+    assert rc == 0, log[-3000:]
+    workdir = runs["copies"]["in_save"]
+    assert f"resuming from {workdir / 'checkpoints' / '5'}" in log
+    final = sorted(os.listdir(workdir / "checkpoints"))
     assert final == ["7", "8"], "the temporary folder was cleaned up"
+    _assert_same_run(workdir, runs["full"]["gdro_both"])
 
 
 def test_sigterm_saves_the_step_reached_and_exits_cleanly(runs):
-    rc, log = runs["phase3"]["gdro_both"]
+    rc, log = runs["phase3"]["sigterm"]
     assert rc == 128 + signal.SIGTERM, log[-3000:]
     assert "SIGTERM received: stopped after step 6" in log
     assert "Traceback" not in log
-    assert runs["gdro_both_after_term"] == ["4", "6"], "saved on the signal, not by the cadence"
-    rc, log = runs["phase4"]["gdro_both"]
-    assert f"resuming from {runs['resumed']['gdro_both'] / 'checkpoints' / '6'}" in log
+    assert runs["sigterm_after_term"] == ["4", "6"], "saved on the signal, not by the cadence"
+    rc, log = runs["phase4"]["sigterm"]
+    assert rc == 0, log[-3000:]
+    workdir = runs["copies"]["sigterm"]
+    assert f"resuming from {workdir / 'checkpoints' / '6'}" in log
+    _assert_same_run(workdir, runs["full"]["gdro_both"])
 
 
 def test_a_corrupt_checkpoint_is_named_and_the_run_resumes_from_the_previous_one(runs):
     rc, log = runs["phase3"]["corrupt"]
     assert rc == 0, log[-3000:]
-    corrupt = runs["corrupt"]
+    corrupt = runs["copies"]["corrupt"]
     assert f"checkpoint {corrupt / 'checkpoints' / '4'} cannot be restored" in log
     assert f"resuming from {corrupt / 'checkpoints' / '3'}" in log
     assert os.path.isdir(corrupt / "checkpoints_corrupt" / "4"), "kept for inspection"
-    _assert_same_run(corrupt, runs["full"]["prompt_gdro"])
+    _assert_same_run(corrupt, runs["full"]["gdro_both"])
 
 
 def test_a_changed_config_is_refused_and_the_workdir_left_untouched(runs):
@@ -264,6 +271,4 @@ def test_a_changed_config_is_refused_and_the_workdir_left_untouched(runs):
 def test_a_finished_workdir_returns_at_once_unchanged(runs):
     rc, log = runs["phase4"]["rerun"]
     assert rc == 0, log[-3000:]
-    after = _snapshot(runs["full"]["grpo"])
-    before = runs["full_grpo_before_rerun"]
-    assert after == before
+    assert _snapshot(runs["full"]["gdro_both"]) == runs["full_before_rerun"]

@@ -164,19 +164,19 @@ def test_make_optimizer_rejects_bad_schedules():
         train.make_optimizer(config.train, decay_steps=config.train.steps)
 
 
-def test_sharded_training_matches_one_device():
-    config = _tiny_config()
-    config.train.update(steps=2, warmup_steps=0)
-    one = _pretrain.pretrain_model(config)
+def test_sharded_training_matches_one_device(run):
+    config, *_, one = run  # the fixture's one-device warm start
     mesh = models.make_mesh(data=2, fsdp=2)
     sharded = _pretrain.pretrain_model(config, mesh=mesh)
     np.testing.assert_allclose(sharded.losses, one.losses, rtol=1e-5)
     tokens_BQ = jnp.asarray(_batch(config).tokens)
     positions_BQ = jnp.broadcast_to(jnp.arange(tokens_BQ.shape[1]), tokens_BQ.shape)
+    # 30 Adam steps at lr 1e-2 carry the sharded sums' rounding into the weights: logits of
+    # magnitude ~2 differ by up to ~1.5e-4 (measured). A misplaced batch or weight is O(1).
     np.testing.assert_allclose(
         np.asarray(sharded.model(tokens_BQ, positions_BQ)),
         np.asarray(one.model(tokens_BQ, positions_BQ)),
-        atol=1e-5,
+        atol=1e-3,
     )
     embed = sharded.model.embed[...]
     assert embed.sharding.mesh.shape == mesh.shape
