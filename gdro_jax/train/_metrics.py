@@ -66,6 +66,14 @@ def step_metrics(
     weight_share_B = mass_B / jnp.maximum(mass_B.sum(), 1e-12)
     bin_index = jnp.arange(num_bins, dtype=jnp.float32)
     stats = losses.group_statistics(rollouts.rewards, plan.prompt_of_slot, num_prompts)
+    # GRPO's wasted groups: rewards all equal, so every advantage is zero (per bin, of its groups).
+    groups_B = _per_bin((stats.count_N > 0).astype(jnp.float32), bins, num_bins)
+    wasted_N = (stats.count_N > 0) & ~stats.informative_N
+    zero_advantage_B = _per_bin(wasted_N.astype(jnp.float32), bins, num_bins)
+    zero_advantage_B = zero_advantage_B / jnp.maximum(groups_B, 1.0)
+    # The same per-bin spread over a uniform allocation of the same R slots (n-bar per prompt).
+    uniform_rollouts_B = prompts_B * (plan.prompt_of_slot.shape[0] / num_prompts)
+    q_log_q = jnp.where(q_B > 0, q_B * jnp.log(jnp.where(q_B > 0, q_B, 1.0)), 0.0)
     logp_tokens = jnp.where(mask_RM, rollouts.logprobs, 0.0)
     return {
         "reward": jnp.mean(rollouts.rewards),
@@ -81,6 +89,13 @@ def step_metrics(
         "weighted_standard_error": jnp.sum(
             jnp.where(present_B, q_B * reward_std_B / jnp.sqrt(jnp.maximum(rollouts_B, 1.0)), 0.0)
         ),
+        "uniform_standard_error": jnp.sum(
+            jnp.where(
+                present_B, q_B * reward_std_B / jnp.sqrt(jnp.maximum(uniform_rollouts_B, 1.0)), 0.0
+            )
+        ),
+        "q_entropy": -jnp.sum(q_log_q),
+        "q_mean_bin": jnp.sum(bin_index * q_B),
         "bin/q": q_B,
         "bin/score": scores_B,
         "bin/prompts": prompts_B,
@@ -88,6 +103,7 @@ def step_metrics(
         "bin/rollouts_per_prompt": rollouts_B / jnp.maximum(prompts_B, 1.0),
         "bin/tokens": tokens_B,
         "bin/reward": reward_mean_B,
+        "bin/zero_advantage_fraction": zero_advantage_B,
     }
 
 

@@ -87,6 +87,7 @@ def _reference(with_prompt_adversary, logprobs, valid):
         for name in ("tokens", "reward", "rollouts_per_prompt", "rollouts", "prompts")
     }
     std = np.zeros(NUM_BINS)
+    zero_advantage = np.zeros(NUM_BINS)
     for b in range(NUM_BINS):
         prompts = [i for i in range(len(BINS)) if BINS[i] == b]
         slots = [j for j in range(len(REWARDS)) if BINS[PROMPT_OF_SLOT[j]] == b]
@@ -98,6 +99,8 @@ def _reference(with_prompt_adversary, logprobs, valid):
         per_bin["tokens"][b] = sum(LENGTHS[j] for j in slots)
         per_bin["reward"][b] = np.mean(REWARDS[slots])
         std[b] = np.std(REWARDS[slots])
+        groups = [REWARDS[PROMPT_OF_SLOT == i] for i in prompts]
+        zero_advantage[b] = np.mean([len(set(group.tolist())) == 1 for group in groups])
     # Lead-lag gap: the mean bin under the responses' advantage-weight mass minus under the share.
     mass = np.array(
         [
@@ -108,6 +111,7 @@ def _reference(with_prompt_adversary, logprobs, valid):
     share = per_bin["prompts"] / len(BINS)
     bins = np.arange(NUM_BINS)
     present = per_bin["prompts"] > 0
+    uniform = len(REWARDS) / len(BINS) * per_bin["prompts"]  # n-bar rollouts for every prompt
     return {
         "bin/q": q,
         "bin/score": SCORES if with_prompt_adversary else np.zeros(NUM_BINS),
@@ -118,6 +122,10 @@ def _reference(with_prompt_adversary, logprobs, valid):
         "weighted_standard_error": np.sum(
             q[present] * std[present] / np.sqrt(per_bin["rollouts"][present])
         ),
+        "uniform_standard_error": np.sum(q[present] * std[present] / np.sqrt(uniform[present])),
+        "q_entropy": -sum(q[b] * np.log(q[b]) for b in range(NUM_BINS) if q[b] > 0),
+        "q_mean_bin": sum(b * q[b] for b in range(NUM_BINS)),
+        "bin/zero_advantage_fraction": zero_advantage,
         "entropy_estimate": -logprobs[valid].mean(),
         "mu": MU,
     }
@@ -134,6 +142,10 @@ def computed(request):
     [
         "lead_lag_gap",
         "weighted_standard_error",
+        "uniform_standard_error",
+        "q_entropy",
+        "q_mean_bin",
+        "bin/zero_advantage_fraction",
         "entropy_estimate",
         "bin/q",
         "bin/score",
