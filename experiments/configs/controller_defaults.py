@@ -10,7 +10,16 @@ def controllers() -> dict[str, ml_collections.ConfigDict]:
             dict(window=8, statistic="pass_at_k", k=8, hysteresis=0.0, unseen="hardest")
         ),
         prompt_gdro=ml_collections.ConfigDict(
-            dict(eta=0.65, gamma=0.01, ema=0.12, share_normalize=True, max_weight=15.0)
+            dict(
+                eta=0.65,
+                gamma=0.01,
+                ema=0.12,
+                share_normalize=True,
+                max_weight=15.0,
+                # "reweight" (paper: advantages times q) or "resample" (the batch's prompts
+                # drawn from q, the adversary's losses importance-weighted by 1/q)
+                realisation="reweight",
+            )
         ),
         rollout_gdro=ml_collections.ConfigDict(
             dict(n_min=2, n_max=12, proxy="bernoulli", ema=0.12, mode="sqrt")

@@ -43,6 +43,11 @@ class Plan(NamedTuple):
     prompt_of_slot: jax.Array  # [R] int32 which prompt each of the R rollout slots belongs to
     advantage_weights: jax.Array  # [N] float32 Prompt-GDRO multipliers (ones when off)
     mu: jax.Array  # [] float32 Rollout-GDRO shadow price (0 when off)
+    # [N] int32 the batch's prompts: the ids given to `plan`, or under Prompt-GDRO's `resample`
+    # realisation the ids it drew (the step samples, grades and updates on these).
+    prompt_ids: jax.Array | None = None
+    # [B] float32 under `resample`: the probability q(b) with which each bin was drawn.
+    importance: jax.Array | None = None
 
 
 # The methods of the paper: which adversaries each switches on, as (Prompt-GDRO, Rollout-GDRO).
@@ -116,6 +121,12 @@ def multi_adversary(
         `n_mean` is used.
       n_mean: rollouts per prompt when `rollout` is `None`.
 
+    With `prompt`'s `realisation="resample"` (SPEC 4), `plan` ignores the ids it is given
+    except for their number N: it draws N prompts from the classifier's pool, each a bin drawn
+    from `q` (over the bins the pool's prompts fill) and then a prompt uniformly inside it, with
+    replacement (`Plan.prompt_ids`); advantages stay unweighted, and `update` divides each
+    bin's loss by its `q` (`Plan.importance`, EXP3-style).
+
     Returns:
       A `MultiAdversary` with
         `init() -> GDROState`;
@@ -142,9 +153,29 @@ def multi_adversary(
             rollout=None if rollout is None else rollout.init(),
         )
 
+    resample = prompt is not None and prompt.realisation == "resample"
+    num_dataset = classifier.num_prompts
+
+    def draw(state: GDROState, num_prompts: int, key: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """`resample`: N pool prompts, each a bin drawn from q (over the bins the pool fills)
+        then a prompt uniformly inside it, with replacement; and q."""
+        pool_bins = classifier.bins(state.classifier, jnp.arange(num_dataset, dtype=jnp.int32))
+        counts_B = jax.ops.segment_sum(
+            jnp.ones((num_dataset,), jnp.float32), pool_bins, num_segments=classifier.num_bins
+        )
+        q_B = prompt.distribution(state.prompt, counts_B > 0)
+        # P(prompt d) = q(b_d) / count(b_d): a bin from q, then uniform inside it.
+        logits_D = jnp.log(q_B[pool_bins]) - jnp.log(counts_B[pool_bins])
+        ids = jax.random.categorical(key, logits_D, shape=(num_prompts,)).astype(jnp.int32)
+        return ids, q_B
+
     def plan(state: GDROState, prompt_ids: ArrayLike, key: jax.Array) -> Plan:
         prompt_ids = jnp.asarray(prompt_ids, jnp.int32)
         num_prompts = prompt_ids.shape[0]
+        importance = None
+        if resample:
+            draw_key, key = jax.random.split(key)
+            prompt_ids, importance = draw(state, num_prompts, draw_key)
         bins = classifier.bins(state.classifier, prompt_ids)
         p_hat = classifier.p_hat(state.classifier, prompt_ids)
         if rollout is None:
@@ -153,7 +184,7 @@ def multi_adversary(
         else:
             num_rollouts, info = rollout.allocate(state.rollout, bins, p_hat, key)
             mu = info.mu
-        if prompt is None:
+        if prompt is None or resample:
             weights = jnp.ones((num_prompts,), jnp.float32)
         else:
             weights = prompt.weights(state.prompt, bins, num_rollouts=num_rollouts)
@@ -164,6 +195,8 @@ def multi_adversary(
             prompt_of_slot=slots_from_counts(num_rollouts, num_prompts * n_mean),
             advantage_weights=weights,
             mu=mu,
+            prompt_ids=prompt_ids,
+            importance=importance,
         )
 
     def update(
@@ -184,7 +217,9 @@ def multi_adversary(
         )
         prompt_state = state.prompt
         if prompt is not None:
-            prompt_state = prompt.update(state.prompt, plan.bins, losses=losses, valid=valid)
+            prompt_state = prompt.update(
+                state.prompt, plan.bins, losses=losses, importance=plan.importance, valid=valid
+            )
         rollout_state = state.rollout
         if rollout is not None:
             rollout_state = rollout.update(

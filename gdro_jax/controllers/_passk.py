@@ -69,6 +69,7 @@ class PassKClassifier(NamedTuple):
     update: ClassifierUpdate
     num_bins: int
     edges: tuple[float, ...]
+    num_prompts: int  # D, the prompts it tracks (ids 0..D-1)
 
 
 def _check_statistic(statistic: str, k: int) -> None:
@@ -352,6 +353,7 @@ def passk_classifier(
         update=update,
         num_bins=num_bins,
         edges=edges,
+        num_prompts=num_prompts,
     )
 
 

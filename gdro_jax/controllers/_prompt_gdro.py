@@ -79,6 +79,10 @@ class PromptGDRO(NamedTuple):
     update: PromptGDROUpdate
     bin_losses: Callable[..., tuple[jax.Array, jax.Array]]
     num_bins: int
+    realisation: str = "reweight"  # how q reaches the update: "reweight" or "resample" (SPEC 4)
+
+
+REALISATIONS = ("reweight", "resample")
 
 
 def prompt_gdro(
@@ -90,6 +94,7 @@ def prompt_gdro(
     share_floor: float = 0.02,
     clip: float | None = 10.0,
     max_weight: float = 15.0,
+    realisation: str = "reweight",
 ) -> PromptGDRO:
     """Builds the Prompt-GDRO adversary over `num_bins` difficulty bins.
 
@@ -106,6 +111,9 @@ def prompt_gdro(
       clip: scores are clipped to `[-clip, clip]` inside the softmax (`None`: no clipping, as in
         the textbook Hedge learner). Must be > 0.
       max_weight: cap `omega_max > 0` on the per-prompt advantage multipliers (paper: 15).
+      realisation: how `q` acts (SPEC 4), read by `multi_adversary`: `"reweight"` (paper)
+        multiplies advantages by `weights`; `"resample"` draws the batch's prompts (bins from
+        `q`, prompts uniformly within a bin) and passes `importance=q` to `update`.
 
     Returns:
       A `PromptGDRO` of pure functions:
@@ -132,6 +140,10 @@ def prompt_gdro(
         raise ValueError(f"clip must be > 0 or None, got clip={clip!r}")
     if not max_weight > 0:
         raise ValueError(f"max_weight must be > 0, got max_weight={max_weight!r}")
+    if realisation not in REALISATIONS:
+        raise ValueError(
+            f"realisation must be one of {REALISATIONS}, got realisation={realisation!r}"
+        )
     score_bound = _SCORE_BOUND if clip is None else clip
 
     def init() -> PromptGDROState:
@@ -261,4 +273,5 @@ def prompt_gdro(
         update=update,
         bin_losses=bin_losses,
         num_bins=num_bins,
+        realisation=realisation,
     )

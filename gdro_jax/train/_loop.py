@@ -54,6 +54,8 @@ def run_step(run: Run, state: TrainState, prompt_ids: np.ndarray):
         # Every process drew the same ids: each supplies its own devices' copies.
         ids = global_array(np.asarray(prompt_ids, np.int32), NamedSharding(run.mesh, P()))
     plan = jax.block_until_ready(run.plan(state.gdro, ids, plan_key))
+    if plan.prompt_ids is not None:  # Prompt-GDRO's `resample` draws the batch's prompts itself
+        ids = plan.prompt_ids
     times["plan"] = time.perf_counter() - start
     start = time.perf_counter()
     rollouts = jax.block_until_ready(run.rollout(state.params, plan, ids, sample_key))

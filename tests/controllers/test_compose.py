@@ -97,3 +97,86 @@ def test_mismatched_bins_raise(parts):
         controllers.multi_adversary(classifier, controllers.prompt_gdro(num_bins=5))
     with pytest.raises(ValueError, match="n_mean=0"):
         controllers.multi_adversary(classifier, n_mean=0)
+
+
+# --- Prompt-GDRO's `resample` realisation ------------------------------------------------------
+
+# The pool's bins, made known by one visit each: 4, 6, 10 and 20 prompts with 0, 1, 2 and 4 of
+# 4 rollouts right (bins of unequal sizes, so "a bin from q, then a prompt inside it" differs
+# from "a prompt with weight q of its bin"); the other bins are empty.
+POOL_CORRECT = np.repeat([0, 1, 2, 4], [4, 6, 10, 20])
+SCORES = np.array([2.0, -1.0, 0.5, 3.0, 0.0, 1.0, -2.0, 0.7, 1.5, 0.2], np.float32)
+ETA, GAMMA = 0.65, 0.1
+
+
+def _resample_parts():
+    classifier = controllers.passk_classifier(NUM_PROMPTS, window=4, statistic="mean_accuracy")
+    prompt = controllers.prompt_gdro(
+        classifier.num_bins, eta=ETA, gamma=GAMMA, share_normalize=False, realisation="resample"
+    )
+    multi = controllers.multi_adversary(classifier, prompt, None, n_mean=N_MEAN)
+    state = multi.init()
+    ids = jnp.arange(NUM_PROMPTS)
+    classifier_state = classifier.update(
+        state.classifier, ids, num_correct=jnp.asarray(POOL_CORRECT), num_rollouts=4
+    )
+    prompt_state = state.prompt._replace(
+        scores=jnp.asarray(SCORES), seen=jnp.ones((classifier.num_bins,), bool)
+    )
+    state = state._replace(classifier=classifier_state, prompt=prompt_state)
+    pool_bins = np.asarray(classifier.bins(classifier_state, ids))
+    return multi, state, pool_bins
+
+
+def _reference_q(pool_bins):
+    """SPEC 4's q over the bins the pool fills (no score reaches the clip of 10)."""
+    present = sorted(set(pool_bins.tolist()))
+    soft = np.exp(ETA * SCORES[present]) / np.exp(ETA * SCORES[present]).sum()
+    q = np.zeros(len(SCORES))
+    q[present] = (1 - GAMMA) * soft + GAMMA / len(present)
+    return q
+
+
+def test_resample_draws_bins_from_q_and_prompts_uniformly_inside_them():
+    multi, state, pool_bins = _resample_parts()
+    assert sorted(np.bincount(pool_bins).tolist())[-4:] == [4, 6, 10, 20]
+    q = _reference_q(pool_bins)
+    keys = jax.random.split(jax.random.key(0), 4000)
+    placeholder = jnp.zeros((BATCH,), jnp.int32)  # only its length counts under resample
+    plans = jax.jit(jax.vmap(lambda key: multi.plan(state, placeholder, key)))(keys)
+    ids = np.asarray(plans.prompt_ids).ravel()
+    draws = len(ids)
+    np.testing.assert_allclose(
+        np.asarray(plans.importance), np.broadcast_to(q, (4000, 10)), rtol=1e-5
+    )
+    np.testing.assert_array_equal(np.asarray(plans.advantage_weights), 1.0)
+    np.testing.assert_array_equal(np.asarray(plans.bins), pool_bins[np.asarray(plans.prompt_ids)])
+    freq = np.bincount(pool_bins[ids], minlength=10) / draws
+    tolerance = 4.5 * np.sqrt(q * (1 - q) / draws) + 1e-9
+    assert np.all(np.abs(freq - q) <= tolerance), (freq, q)
+    # Inside a bin each prompt is equally likely: count(d) ~ draws * q(b) / |b|.
+    expected = draws * q[pool_bins] / np.bincount(pool_bins)[pool_bins]
+    counts = np.bincount(ids, minlength=NUM_PROMPTS)
+    assert np.all(np.abs(counts - expected) <= 5 * np.sqrt(expected)), (counts, expected)
+
+
+def test_resample_update_divides_each_drawn_bins_loss_by_its_q():
+    multi, state, pool_bins = _resample_parts()
+    plan = multi.plan(state, jnp.zeros((BATCH,), jnp.int32), jax.random.key(3))
+    ids = np.asarray(plan.prompt_ids)
+    losses = np.linspace(0.1, 0.9, BATCH).astype(np.float32)
+    new = multi.update(
+        state, plan, plan.prompt_ids, num_correct=jnp.zeros(BATCH, jnp.int32), losses=losses
+    )
+    q, ema = _reference_q(pool_bins), 0.12
+    expected = SCORES.astype(np.float64).copy()
+    for b in set(pool_bins[ids].tolist()):
+        signal = losses[pool_bins[ids] == b].mean() / q[b]
+        expected[b] = (1 - ema) * SCORES[b] + ema * signal
+    np.testing.assert_allclose(np.asarray(new.prompt.scores), expected, rtol=1e-5)
+    assert len(set(pool_bins[ids].tolist())) > 1, "the draw should cover several bins"
+
+
+def test_resample_needs_a_known_realisation():
+    with pytest.raises(ValueError, match="realisation must be one of"):
+        controllers.prompt_gdro(10, realisation="resampled")
