@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 RUNTIME := $(VENV)/.installed-runtime
 TESTING := $(VENV)/.installed-test
 
-.PHONY: demo sim test lint format bench clean
+.PHONY: demo study sim test lint format bench clean
 
 $(RUNTIME): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,11 @@ $(TESTING): $(RUNTIME)
 # The miniature study: warm start (reused when present), RL per method, held-out table, plots.
 demo: $(RUNTIME)
 	$(PY) -m experiments.demo --config=experiments/configs/demo.py --workdir=runs/demo
+
+# The comparison study: 4 methods x 5 seeds from the demo's warm start, results/ and RESULTS.md.
+study: $(RUNTIME)
+	$(PY) -m experiments.compare --config=experiments/configs/study.py --workdir=runs/study \
+		--results=results --results_md=RESULTS.md
 
 # The controller-dynamics simulation (about 20 s).
 sim: $(RUNTIME)

@@ -1,13 +1,50 @@
-"""Studies that compare the methods: the miniature study of `make demo` (warm start, equal-compute
-RL per method, a held-out table with the frontier levels, plots) and the statistics of a
-comparison over seeds (`paired_relative_gain`: a method's gain over GRPO, paired by seed and
-problem, with a paired bootstrap interval)."""
+"""Studies that compare the methods.
 
+- `run_demo`: the miniature study of `make demo` (warm start, equal-compute RL per method, a
+  held-out table with the frontier levels, plots).
+- The comparison study of `make study` (`experiments/compare.py`): arms x seeds from one warm
+  start (`run_specs`, `run_config`, `run_one`), collected into the pre-declared primary metric
+  and secondary tables (`collect`, `write_results`, `format_tables`) and figures
+  (`draw_figures`; one `plot_*` function each, returning the figure, for notebooks).
+- The statistics of a comparison over seeds (`paired_relative_gain`: a method's gain over GRPO,
+  paired by seed and problem, with a paired bootstrap interval; `detectable_gain`).
+"""
+
+from gdro_jax.study._compare import (
+    RESULTS_BEGIN,
+    RESULTS_END,
+    RunSpec,
+    apply_overrides,
+    arms_of,
+    collect,
+    parse_overrides,
+    pending,
+    prepare_warm_start,
+    run_config,
+    run_figures,
+    run_one,
+    run_specs,
+    seeds_of,
+    write_results,
+)
 from gdro_jax.study._demo import (
     format_comparison,
     frontier_pass_at,
     run_demo,
     warm_start_frontier,
+)
+from gdro_jax.study._report import (
+    FIGURES,
+    draw_figures,
+    format_tables,
+    load_logs,
+    plot_allocation,
+    plot_heldout,
+    plot_lead_lag,
+    plot_prompt_adversary,
+    plot_standard_error,
+    plot_tokens,
+    plot_zero_advantage,
 )
 from gdro_jax.study._stats import (
     PairedGain,
@@ -17,12 +54,38 @@ from gdro_jax.study._stats import (
 )
 
 __all__ = [
+    "FIGURES",
+    "RESULTS_BEGIN",
+    "RESULTS_END",
     "PairedGain",
+    "RunSpec",
+    "apply_overrides",
+    "arms_of",
     "bootstrap_gains",
+    "collect",
     "detectable_gain",
+    "draw_figures",
     "format_comparison",
+    "format_tables",
     "frontier_pass_at",
+    "load_logs",
     "paired_relative_gain",
+    "parse_overrides",
+    "pending",
+    "plot_allocation",
+    "plot_heldout",
+    "plot_lead_lag",
+    "plot_prompt_adversary",
+    "plot_standard_error",
+    "plot_tokens",
+    "plot_zero_advantage",
+    "prepare_warm_start",
+    "run_config",
     "run_demo",
+    "run_figures",
+    "run_one",
+    "run_specs",
+    "seeds_of",
     "warm_start_frontier",
+    "write_results",
 ]

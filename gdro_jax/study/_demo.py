@@ -16,19 +16,16 @@ import pathlib
 import time
 from typing import Any
 
-import matplotlib
 import ml_collections
 import numpy as np
 from flax import nnx
+from matplotlib.figure import Figure
 
 from gdro_jax import eval as evaluation
 from gdro_jax import models, tasks
 from gdro_jax.eval import evaluate_with, pass_at_k
 from gdro_jax.train import read_metrics, train
 from gdro_jax.warmstart import FRONTIER_FILE, pretrain
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 
 BASELINE = "warm_start"
 
@@ -94,7 +91,8 @@ def format_comparison(
 
 
 def _plot_rewards(workdir: pathlib.Path, methods: list[str]) -> None:
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig = Figure(figsize=(6, 3.5))
+    ax = fig.subplots()
     for method in methods:
         rows = read_metrics(workdir / method / "metrics.jsonl")
         steps = [r["step"] for r in rows]
@@ -108,7 +106,6 @@ def _plot_rewards(workdir: pathlib.Path, methods: list[str]) -> None:
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(workdir / "reward.png", dpi=120)
-    plt.close(fig)
 
 
 def _plot_pass_at_k(
@@ -118,7 +115,8 @@ def _plot_pass_at_k(
     levels = list(next(iter(results.values())).by_level)
     labels = [f"L{lv}" for lv in levels] + ["pooled"]
     width = 0.8 / len(methods)
-    fig, ax = plt.subplots(figsize=(8, 3.5))
+    fig = Figure(figsize=(8, 3.5))
+    ax = fig.subplots()
     for i, method in enumerate(methods):
         summaries = [results[method].by_level[lv] for lv in levels] + [results[method].pooled]
         values = np.asarray([s.pass_at[k - 1] for s in summaries])
@@ -133,12 +131,12 @@ def _plot_pass_at_k(
     ax.legend(fontsize=7, ncol=len(methods))
     fig.tight_layout()
     fig.savefig(workdir / f"pass_at_{k}.png", dpi=120)
-    plt.close(fig)
 
 
 def _plot_curriculum(workdir: pathlib.Path, methods: list[str]) -> None:
     """Prompt-GDRO's q over step x bin, and rollouts per prompt by bin, for each method."""
-    fig, axes = plt.subplots(2, len(methods), figsize=(3.2 * len(methods), 5.5), squeeze=False)
+    fig = Figure(figsize=(3.2 * len(methods), 5.5))
+    axes = fig.subplots(2, len(methods), squeeze=False)
     for j, method in enumerate(methods):
         rows = read_metrics(workdir / method / "metrics.jsonl")
         q = np.asarray([r["bin/q"] for r in rows]).T
@@ -152,7 +150,6 @@ def _plot_curriculum(workdir: pathlib.Path, methods: list[str]) -> None:
         fig.colorbar(image, ax=axes[1, j], fraction=0.05)
     fig.tight_layout()
     fig.savefig(workdir / "curriculum.png", dpi=120)
-    plt.close(fig)
 
 
 def run_demo(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict[str, Any]:

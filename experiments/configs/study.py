@@ -1,0 +1,58 @@
+"""`make study`: GRPO against the GDRO adversaries at equal rollout compute, 5 seeds each.
+
+Every arm trains from the same pinned warm start (`pretrain_tiny.py`, the one `make demo` uses)
+with the same steps, prompts per step, rollouts per step and max new tokens, then its final
+policy is evaluated on the held-out test split (100 problems per level, 8 samples each).
+
+The primary metric is declared here, before the first full run, and not changed after it:
+`primary` below (the relative pass@8 gain over GRPO on the frontier levels, paired by seed, with a
+paired bootstrap 95 % interval). Run length and learning rate were chosen on the validation split
+only (`--config.eval.split=validation`); see RESULTS.md for the pilot runs that chose them.
+
+    python -m experiments.compare --config=experiments/configs/study.py --workdir=runs/study \\
+        --results=results --results_md=RESULTS.md
+"""
+
+import ml_collections
+
+from experiments.configs import pretrain_tiny, tiny_cpu
+from gdro_jax import tasks
+
+METHODS = ("grpo", "prompt_gdro", "rollout_gdro", "gdro_both")
+
+
+def get_config() -> ml_collections.ConfigDict:
+    config = ml_collections.ConfigDict()
+    # Arms: name -> space-separated `field=value` overrides of `train` (a method and anything
+    # else); `run` picks some of them in order (comma-separated; empty: all, the baseline
+    # first), `only` one run (<arm>/seed_<s>).
+    config.arms = ml_collections.ConfigDict({m: f"method={m}" for m in METHODS})
+    config.baseline = "grpo"
+    config.run = ",".join(METHODS)  # the arms to run, in this order
+    config.only = ""
+    config.seeds = 5  # seeds 0..seeds-1: each run's prompt order and sampling keys
+    config.jobs = 2  # runs at a time (processes); 2 on a 2-core machine
+    config.progress = True
+    config.pretrain = pretrain_tiny.get_config()
+    config.pretrain.progress = False
+    config.train = tiny_cpu.get_config()
+    config.train.steps = 150
+    config.train.tensorboard = False
+    config.train.checkpoint.every_steps = 50
+    config.train.task.pool_size = tasks.pool_size_for(config.train.steps, config.train.num_prompts)
+    config.eval = ml_collections.ConfigDict(
+        dict(
+            split="test", seed=1, num_samples=8, temperature=1.0, top_p=1.0, top_k=0, batch_size=100
+        )  # fmt: skip
+    )
+    # Declared before the first full run (issue 13): do not edit after seeing results.
+    config.primary = ml_collections.ConfigDict(
+        dict(
+            metric="pass@8",
+            levels="frontier",  # the warm start's validation pass@8 < 0.95
+            statistic="relative gain over the baseline, paired by seed and problem",
+            confidence=0.95,
+            num_resamples=10_000,
+        )
+    )
+    return config

@@ -1,0 +1,440 @@
+"""The comparison study (`make study`): arms x seeds from one pinned warm start, evaluated held out.
+
+    warm start (trained once, reused) -> for each arm (a method and its overrides) and seed: an RL
+    run from the warm start at equal rollout compute -> held-out evaluation of its final policy
+    -> the pre-declared primary metric (relative pass@8 gain over the baseline on the frontier
+    levels, paired by seed, paired bootstrap interval), secondary tables, figures.
+
+Layout of the work directory:
+
+    warm_start/                 the pretrain folder (model/, frontier.json) + eval_<split>.json
+    <arm>/seed_<s>/             the RL run's folder (metrics.jsonl, checkpoints/, model/, ...)
+    <arm>/seed_<s>/eval_<split>.json   its held-out evaluation and the stamp that produced it
+
+A run whose evaluation file carries the same stamp (the run's config and the evaluation
+settings) is finished and never rerun; an interrupted run resumes from its checkpoints. Every run
+is deterministic on CPU, so rerunning one alone (`--config.only=<arm>/<seed>`) reproduces its
+figures exactly.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import hashlib
+import json
+import pathlib
+import time
+from typing import Any, NamedTuple
+
+import ml_collections
+import numpy as np
+
+from gdro_jax import eval as evaluation
+from gdro_jax import models, tasks
+from gdro_jax.eval import evaluate_with, pass_at_k
+from gdro_jax.study._demo import BASELINE, warm_start_frontier
+from gdro_jax.study._stats import detectable_gain, paired_relative_gain
+from gdro_jax.train import read_metrics, train
+from gdro_jax.warmstart import pretrain
+
+SPLITS = ("validation", "test")
+
+
+class RunSpec(NamedTuple):
+    """One RL run of a study: an arm (a method plus overrides) and a seed."""
+
+    arm: str
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.arm}/seed_{self.seed}"
+
+
+def parse_overrides(text: str, *, where: str) -> dict[str, Any]:
+    """Parses `"method=prompt_gdro grpo.loss_signal=surrogate"` into a dict of dotted fields.
+
+    Values are Python literals (`1e-5`, `None`, `True`, `(3, 6)`); anything else is a string.
+
+    Raises:
+      ValueError: an item without `=`, naming `where` (e.g. `arms.grpo`).
+    """
+    overrides: dict[str, Any] = {}
+    for item in text.split():
+        field, sep, raw = item.partition("=")
+        if not sep or not field:
+            raise ValueError(f"{where}: {item!r} is not field=value")
+        try:
+            value = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            value = raw
+        overrides[field] = value
+    return overrides
+
+
+def apply_overrides(
+    config: ml_collections.ConfigDict, overrides: dict[str, Any], *, where: str
+) -> ml_collections.ConfigDict:
+    """A copy of `config` with dotted `field=value` overrides applied (types checked by the
+    ConfigDict). Raises a ValueError naming `where` and the field for an unknown field or a
+    value of the wrong type."""
+    config = copy.deepcopy(config)
+    for path, value in overrides.items():
+        node = config
+        parts = path.split(".")
+        for depth, part in enumerate(parts):
+            if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+                is_node = isinstance(node, ml_collections.ConfigDict)
+                known = ", ".join(sorted(node)) if is_node else ""
+                raise ValueError(
+                    f"{where}: unknown field {'.'.join(parts[: depth + 1])!r}"
+                    + (f" (known here: {known})" if known else "")
+                )
+            if depth < len(parts) - 1:
+                node = node[part]
+        try:
+            node[parts[-1]] = value
+        except TypeError as error:
+            raise ValueError(f"{where}: {path}={value!r}: {error}") from error
+    return config
+
+
+def arms_of(config: ml_collections.ConfigDict) -> dict[str, dict[str, Any]]:
+    """The study's arms in order, name -> overrides: those `config.run` names (comma-separated),
+    or all of `config.arms`."""
+    arms = {name: parse_overrides(text, where=f"arms.{name}") for name, text in config.arms.items()}
+    if config.baseline not in arms:
+        raise ValueError(f"baseline {config.baseline!r} is not one of the arms {sorted(arms)}")
+    chosen = [name for name in config.run.split(",") if name]
+    unknown = [name for name in chosen if name not in arms]
+    if unknown:
+        raise ValueError(f"run: unknown arms {unknown}; the arms are {sorted(arms)}")
+    # A ConfigDict keeps its keys sorted: without `run`, the baseline first, then the rest.
+    order = chosen or [config.baseline, *sorted(set(arms) - {config.baseline})]
+    return {name: arms[name] for name in order}
+
+
+def seeds_of(config: ml_collections.ConfigDict) -> list[int]:
+    if isinstance(config.seeds, bool) or not isinstance(config.seeds, int) or config.seeds < 1:
+        raise ValueError(f"seeds must be an int >= 1 (runs seed 0..seeds-1), got {config.seeds!r}")
+    return list(range(config.seeds))
+
+
+def run_specs(config: ml_collections.ConfigDict) -> list[RunSpec]:
+    """Every run of the study in order (seed-major, so early results cover every arm), or the
+    one named by `config.only` (`<arm>/<seed>`)."""
+    arms, seeds = arms_of(config), seeds_of(config)
+    specs = [RunSpec(arm, seed) for seed in seeds for arm in arms]
+    if config.only:
+        arm, _, seed = config.only.partition("/")
+        spec = RunSpec(arm, int(seed.removeprefix("seed_"))) if seed else None
+        if spec not in specs:
+            raise ValueError(f"only={config.only!r} is not one of the runs (<arm>/<seed>)")
+        return [spec]
+    return specs
+
+
+def run_config(
+    config: ml_collections.ConfigDict, spec: RunSpec, warm_start: pathlib.Path
+) -> ml_collections.ConfigDict:
+    """The RL config of one run: `config.train`, the arm's overrides, the seed, the warm start."""
+    if spec.arm not in config.arms:
+        raise ValueError(f"{spec.arm!r} is not one of the arms {sorted(config.arms)}")
+    overrides = parse_overrides(config.arms[spec.arm], where=f"arms.{spec.arm}")
+    run = apply_overrides(config.train, overrides, where=f"arms.{spec.arm}")
+    run.seed = spec.seed
+    run.init_from = str(warm_start)
+    run.progress = False
+    return run
+
+
+def _stamp(run: ml_collections.ConfigDict | None, eval_config: ml_collections.ConfigDict) -> str:
+    """What decides an evaluation file: the run's config (without `progress`) and the eval."""
+    fields = {"eval": eval_config.to_dict()}
+    if run is not None:
+        fields["run"] = {k: v for k, v in run.to_dict().items() if k != "progress"}
+    text = json.dumps(fields, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _eval_file(folder: pathlib.Path, split: str) -> pathlib.Path:
+    return folder / f"eval_{split}.json"
+
+
+def _read_done(path: pathlib.Path, stamp: str) -> dict[str, Any] | None:
+    if not path.exists():
+        return None
+    stored = json.loads(path.read_text())
+    return stored if stored.get("stamp") == stamp else None
+
+
+def _split_rows(config: ml_collections.ConfigDict) -> tuple[tasks.ChainTaskConfig, list[dict]]:
+    split = config.eval.split
+    if split not in SPLITS:
+        raise ValueError(f"eval.split must be one of {SPLITS}, got {split!r}")
+    task_config = tasks.ChainTaskConfig(**config.train.task.to_dict())
+    return task_config, getattr(tasks.build_splits(task_config), split)
+
+
+def _evaluate(model_dir, config, progress: bool) -> evaluation.TaskEvaluation:
+    task_config, rows = _split_rows(config)
+    policy = models.from_pretrained(model_dir)
+    return evaluate_with(policy, task_config, rows, config.eval, progress)
+
+
+def prepare_warm_start(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> pathlib.Path:
+    """Trains (or reuses) the pinned warm start and evaluates it on the study's split once."""
+    model_dir = pretrain(config.pretrain, workdir / BASELINE)
+    path = _eval_file(workdir / BASELINE, config.eval.split)
+    stamp = _stamp(None, config.eval)
+    if _read_done(path, stamp) is None:
+        result = _evaluate(model_dir, config, config.progress)
+        path.write_text(json.dumps({"stamp": stamp, "evaluation": result.to_dict()}))
+    return model_dir
+
+
+def pending(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> list[RunSpec]:
+    """The runs whose evaluation file is missing or was made by another config."""
+    warm = workdir / BASELINE / models.MODEL_DIR
+    out = []
+    for spec in run_specs(config):
+        stamp = _stamp(run_config(config, spec, warm), config.eval)
+        path = _eval_file(workdir / spec.arm / f"seed_{spec.seed}", config.eval.split)
+        if _read_done(path, stamp) is None:
+            out.append(spec)
+    return out
+
+
+def run_one(config: ml_collections.ConfigDict, workdir: pathlib.Path, spec: RunSpec) -> None:
+    """Trains one run (resuming it if interrupted; at once if its training is complete) and
+    writes its held-out evaluation with the stamp that makes it finished."""
+    warm = workdir / BASELINE / models.MODEL_DIR
+    run = run_config(config, spec, warm)
+    folder = workdir / spec.arm / f"seed_{spec.seed}"
+    start = time.perf_counter()
+    train(run, folder)
+    train_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    result = _evaluate(folder / models.MODEL_DIR, config, False)
+    record = {
+        "stamp": _stamp(run, config.eval),
+        "arm": spec.arm,
+        "seed": spec.seed,
+        "split": config.eval.split,
+        "sampled_tokens": float(sum(r["tokens"] for r in read_metrics(folder / "metrics.jsonl"))),
+        "seconds": {"train": train_seconds, "eval": time.perf_counter() - start},
+        "evaluation": result.to_dict(),
+    }
+    _eval_file(folder, config.eval.split).write_text(json.dumps(record))
+
+
+# --- Collecting a finished study ------------------------------------------------------------
+
+
+class Evaluated(NamedTuple):
+    """One evaluation file's per-problem data."""
+
+    num_samples: int
+    correct: np.ndarray  # int64[P] correct samples of each problem
+    levels: np.ndarray  # int32[P]
+    sampled_tokens: float
+
+
+def _load(path: pathlib.Path) -> Evaluated:
+    stored = json.loads(path.read_text())
+    result = stored["evaluation"]
+    return Evaluated(
+        num_samples=int(result["num_samples"]),
+        correct=np.asarray(result["correct"], np.int64),
+        levels=np.asarray(result["problem_levels"], np.int32),
+        sampled_tokens=float(stored.get("sampled_tokens", 0.0)),
+    )
+
+
+def _per_problem(result: Evaluated, metric: str) -> np.ndarray:
+    """Per-problem unbiased `pass@k` or `mean@n` (the fraction of samples right)."""
+    name, _, k = metric.partition("@")
+    if name == "pass":
+        return pass_at_k(result.num_samples, result.correct, int(k))
+    if name == "mean":
+        return result.correct / result.num_samples
+    raise ValueError(f"unknown metric {metric!r}: pass@<k> or mean@<n>")
+
+
+def _figures_of(result: Evaluated, metrics: tuple[str, ...], frontier: list[int]) -> dict:
+    out: dict[str, Any] = {}
+    on_frontier = np.isin(result.levels, frontier)
+    for metric in metrics:
+        values = _per_problem(result, metric)
+        out[f"pooled {metric}"] = float(values.mean())
+        out[f"frontier {metric}"] = float(values[on_frontier].mean()) if frontier else float("nan")
+        for level in sorted(set(result.levels.tolist())):
+            out[f"L{level} {metric}"] = float(values[result.levels == level].mean())
+    out["sampled_tokens"] = result.sampled_tokens
+    return out
+
+
+def collect(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict[str, Any]:
+    """Reads a finished study: per-seed figures, the primary paired gains with intervals, the
+    power (smallest detectable gain), secondary gains and token costs; JSON-ready.
+
+    Raises:
+      FileNotFoundError: a run or the warm start has no evaluation file (run the study first).
+    """
+    workdir = pathlib.Path(workdir)
+    split = config.eval.split
+    arms, seeds = list(arms_of(config)), seeds_of(config)
+    frontier, frontier_k = warm_start_frontier(workdir / BASELINE)
+    k = config.eval.num_samples
+    metrics = tuple(dict.fromkeys((config.primary.metric, "pass@1", f"pass@{k}", f"mean@{k}")))
+
+    def path_of(arm, seed):
+        return _eval_file(workdir / arm / f"seed_{seed}", split)
+
+    missing = [str(path_of(a, s)) for a in arms for s in seeds if not path_of(a, s).exists()]
+    if missing:
+        raise FileNotFoundError(f"{len(missing)} runs have no evaluation yet: {missing[:4]}")
+    loaded = {arm: {seed: _load(path_of(arm, seed)) for seed in seeds} for arm in arms}
+    warm = _load(_eval_file(workdir / BASELINE, split))
+
+    per_seed = {
+        arm: {str(seed): _figures_of(loaded[arm][seed], metrics, frontier) for seed in seeds}
+        for arm in arms
+    }
+    primary_metric = config.primary.metric
+    levels_of_primary = frontier if config.primary.levels == "frontier" else None
+
+    def matrix(arm, metric, levels):
+        rows = []
+        for seed in seeds:
+            result = loaded[arm][seed]
+            values = _per_problem(result, metric)
+            if levels is not None:
+                values = values[np.isin(result.levels, levels)]
+            rows.append(values)
+        return np.stack(rows)
+
+    def gain(arm, metric, levels):
+        """The paired gain, or None when undefined (no such problems, or a baseline at 0)."""
+        if levels is not None and not levels:
+            return None
+        base = matrix(config.baseline, metric, levels)
+        if base.mean() <= 0:
+            return None
+        paired = paired_relative_gain(
+            matrix(arm, metric, levels),
+            base,
+            num_resamples=config.primary.num_resamples,
+            confidence=config.primary.confidence,
+            seed=0,
+        )
+        return {
+            "gain": paired.gain,
+            "low": paired.low,
+            "high": paired.high,
+            "standard_error": paired.standard_error,
+            "detectable_gain": detectable_gain(paired.standard_error),
+            "per_seed": list(paired.per_seed),
+        }
+
+    others = [arm for arm in arms if arm != config.baseline]
+    primary = {arm: gain(arm, primary_metric, levels_of_primary) for arm in others}
+    secondary = {
+        arm: {
+            f"{scope} {metric}": gain(arm, metric, levels)
+            for metric in metrics
+            for scope, levels in (("pooled", None), ("frontier", frontier))
+            if (scope, metric) != ("frontier" if levels_of_primary else "pooled", primary_metric)
+        }
+        for arm in others
+    }
+    means = {
+        arm: {
+            name: float(np.mean([per_seed[arm][str(s)][name] for s in seeds]))
+            for name in per_seed[arm][str(seeds[0])]
+        }
+        for arm in arms
+    }
+    base_tokens = means[config.baseline]["sampled_tokens"]
+    return {
+        "split": split,
+        "arms": arms,
+        "seeds": seeds,
+        "baseline": config.baseline,
+        "frontier_levels": frontier,
+        "frontier_k": frontier_k,
+        "primary_declaration": config.primary.to_dict(),
+        "primary": primary,
+        "secondary": secondary,
+        "mean": means,
+        "per_seed": per_seed,
+        "warm_start": _figures_of(warm, metrics, frontier),
+        "token_ratio": {
+            arm: means[arm]["sampled_tokens"] / base_tokens if base_tokens else float("nan")
+            for arm in arms
+        },
+        "problems": {
+            "total": int(len(warm.levels)),
+            "frontier": int(np.isin(warm.levels, frontier).sum()),
+        },
+    }
+
+
+# --- Writing the results ----------------------------------------------------------------------
+
+RESULTS_BEGIN = "<!-- study results: written by experiments/compare.py; do not edit by hand -->"
+RESULTS_END = "<!-- end of study results -->"
+
+
+def run_figures(config: ml_collections.ConfigDict, workdir: pathlib.Path, spec: RunSpec) -> str:
+    """One line with a finished run's held-out figures (what RESULTS.md's per-seed table shows)."""
+    folder = workdir / spec.arm / f"seed_{spec.seed}"
+    frontier, _ = warm_start_frontier(workdir / BASELINE)
+    result = _load(_eval_file(folder, config.eval.split))
+    figures = _figures_of(result, (config.primary.metric, "pass@1"), frontier)
+    shown = ", ".join(
+        f"{name} {figures[name]:.4f}"
+        for name in (
+            f"frontier {config.primary.metric}",
+            f"pooled {config.primary.metric}",
+            "pooled pass@1",
+        )  # fmt: skip
+    )
+    return f"{spec.name}: {shown}, sampled tokens {result.sampled_tokens:.0f}"
+
+
+def write_results(
+    config: ml_collections.ConfigDict,
+    workdir: str | pathlib.Path,
+    results_dir: str | pathlib.Path,
+    results_md: str | pathlib.Path | None = None,
+) -> dict[str, Any]:
+    """Collects a finished study into `results_dir` (`study.json`, `tables.md`, the figures of
+    `gdro_jax.study._report`) and, given `results_md`, replaces the block between its
+    `RESULTS_BEGIN` and `RESULTS_END` lines with the tables (the file's prose is kept)."""
+    from gdro_jax.study._report import draw_figures, format_tables  # noqa: PLC0415 (matplotlib)
+
+    workdir, results_dir = pathlib.Path(workdir), pathlib.Path(results_dir)
+    if results_md is not None:  # checked before anything is written
+        results_md = pathlib.Path(results_md)
+        text = results_md.read_text() if results_md.exists() else ""
+        if text and (RESULTS_BEGIN not in text or RESULTS_END not in text):
+            raise ValueError(
+                f"{results_md}: no '{RESULTS_BEGIN}' ... '{RESULTS_END}' block to replace"
+            )
+    summary = collect(config, workdir)
+    results_dir.mkdir(parents=True, exist_ok=True)
+    (results_dir / "study.json").write_text(json.dumps(summary, indent=2) + "\n")
+    tables = format_tables(summary)
+    (results_dir / "tables.md").write_text(tables + "\n")
+    draw_figures(summary, workdir, results_dir)
+    if results_md is not None:
+        block = f"{RESULTS_BEGIN}\n{tables}\n{RESULTS_END}"
+        if text:
+            head, _, rest = text.partition(RESULTS_BEGIN)
+            _, _, tail = rest.partition(RESULTS_END)
+            results_md.write_text(head + block + tail)
+        else:
+            results_md.write_text(block + "\n")
+    return summary

@@ -1,0 +1,330 @@
+"""Tables and figures of a finished comparison study (`collect`'s summary and the runs' logs).
+
+The figures show why a method does or does not help, from the metrics every run logs per step
+(SPEC 10), averaged over seeds (bands: min-max over seeds):
+
+    zero_advantage.png     groups whose rewards are all equal (zero advantage: wasted rollouts),
+                           over steps, and per bin
+    allocation.png         each bin's share of rollouts against its share of prompts
+    prompt_adversary.png   Prompt-GDRO's q over step x bin, the mean bin it favours, its entropy
+    lead_lag.png           the lead-lag gap (weight mass's mean bin minus the batch's)
+    standard_error.png     the weighted standard error against a uniform allocation of the slots
+    tokens.png             training accuracy against cumulative sampled tokens (token-matched)
+    heldout.png            held-out pass@k per level, and the primary gains with intervals
+"""
+
+from __future__ import annotations
+
+import math
+import pathlib
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from gdro_jax.train import read_metrics
+
+FIGURES = (
+    "zero_advantage.png",
+    "allocation.png",
+    "prompt_adversary.png",
+    "lead_lag.png",
+    "standard_error.png",
+    "tokens.png",
+    "heldout.png",
+)
+
+
+def load_logs(workdir: str | pathlib.Path, arms: list[str], seeds: list[int]) -> dict[str, dict]:
+    """Per arm, the step metrics of every seed stacked: name -> float array [seeds, steps(, bins)].
+    Runs of unequal length are cut to the shortest."""
+    workdir = pathlib.Path(workdir)
+    logs: dict[str, dict] = {}
+    for arm in arms:
+        runs = [read_metrics(workdir / arm / f"seed_{seed}" / "metrics.jsonl") for seed in seeds]
+        steps = min(len(rows) for rows in runs)
+        names = [n for n in runs[0][0] if not n.startswith("time/")] if steps else []
+        logs[arm] = {
+            # (non-finite values are logged as the strings "nan" and "inf")
+            name: np.asarray([[row[name] for row in rows[:steps]] for rows in runs], np.float64)
+            for name in names
+        }
+    return logs
+
+
+def _band(ax, x, values_SX, label):
+    mean = values_SX.mean(axis=0)
+    (line,) = ax.plot(x, mean, label=label)
+    if len(values_SX) > 1:
+        ax.fill_between(
+            x, values_SX.min(axis=0), values_SX.max(axis=0), alpha=0.15, color=line.get_color()
+        )
+
+
+def _smooth(values_SX: np.ndarray, window: int) -> np.ndarray:
+    if window <= 1 or values_SX.shape[-1] < window:
+        return values_SX
+    kernel = np.ones(window) / window
+    return np.apply_along_axis(lambda v: np.convolve(v, kernel, mode="valid"), -1, values_SX)
+
+
+def _steps_axis(logs_arm: dict, window: int) -> np.ndarray:
+    steps = logs_arm["step"][0]
+    return steps[window - 1 :] if window > 1 and len(steps) >= window else steps
+
+
+def plot_zero_advantage(logs: dict, window: int = 5) -> Figure:
+    fig = Figure(figsize=(10, 3.6))
+    left, right = fig.subplots(1, 2)
+    for arm, log in logs.items():
+        wasted = _smooth(1.0 - log["nonzero_advantage_fraction"], window)
+        _band(left, _steps_axis(log, window), wasted, arm)
+    left.set(
+        xlabel="RL step",
+        ylabel=f"groups with zero advantage (avg of {window})",
+        title="Wasted groups (all rewards equal)",
+    )
+    left.legend(fontsize=7)
+    arms = list(logs)
+    width = 0.8 / len(arms)
+    for i, (arm, log) in enumerate(logs.items()):
+        per_bin = log["bin/zero_advantage_fraction"]  # [S, T, B]
+        groups = log["bin/prompts"] > 0
+        total = np.where(groups, per_bin, 0).sum(axis=(0, 1))
+        mean = total / np.maximum(groups.sum(axis=(0, 1)), 1)
+        x = np.arange(per_bin.shape[-1]) + (i - (len(arms) - 1) / 2) * width
+        right.bar(x, mean, width, label=arm)
+    right.set(
+        xlabel="bin (0 hardest)",
+        ylabel="zero-advantage fraction",
+        title="Per bin, over the steps it appears",
+    )
+    fig.tight_layout()
+    return fig
+
+
+def plot_allocation(logs: dict) -> Figure:
+    arms = list(logs)
+    fig = Figure(figsize=(3.2 * len(arms), 3.4))
+    axes = fig.subplots(1, len(arms), squeeze=False)
+    for ax, arm in zip(axes[0], arms, strict=True):
+        log = logs[arm]
+        prompts = log["bin/prompts"].sum(axis=(0, 1))
+        rollouts = log["bin/rollouts"].sum(axis=(0, 1))
+        x = np.arange(len(prompts))
+        ax.bar(x - 0.2, prompts / prompts.sum(), 0.4, label="prompts")
+        ax.bar(x + 0.2, rollouts / rollouts.sum(), 0.4, label="rollouts")
+        ax.set(title=arm, xlabel="bin (0 hardest)")
+    axes[0, 0].set_ylabel("share over all steps and seeds")
+    axes[0, 0].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def plot_prompt_adversary(logs: dict, window: int = 5) -> Figure:
+    arms = list(logs)
+    fig = Figure(figsize=(3.2 * len(arms), 6))
+    axes = fig.subplots(2, len(arms), squeeze=False)
+    for j, arm in enumerate(arms):
+        log = logs[arm]
+        axes[0, j].imshow(
+            log["bin/q"].mean(axis=0).T, aspect="auto", origin="lower", cmap="viridis", vmin=0
+        )
+        axes[0, j].set(title=f"{arm}: q(bin)", xlabel="RL step", ylabel="bin (0 hardest)")
+        x = _steps_axis(log, window)
+        _band(axes[1, j], x, _smooth(log["q_mean_bin"], window), "mean bin under q")
+        _band(axes[1, j], x, _smooth(log["q_entropy"], window), "entropy of q (nats)")
+        axes[1, j].set(xlabel="RL step")
+        axes[1, j].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def plot_lead_lag(logs: dict, window: int = 5) -> Figure:
+    fig = Figure(figsize=(6, 3.5))
+    ax = fig.subplots()
+    for arm, log in logs.items():
+        _band(ax, _steps_axis(log, window), _smooth(log["lead_lag_gap"], window), arm)
+    ax.axhline(0, color="grey", lw=0.5)
+    ax.set(
+        xlabel="RL step",
+        ylabel="bins (negative: toward harder)",
+        title="Lead-lag gap: weight mass's mean bin - batch's",
+    )
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def plot_standard_error(logs: dict, window: int = 5) -> Figure:
+    fig = Figure(figsize=(6, 3.5))
+    ax = fig.subplots()
+    for arm, log in logs.items():
+        ratio = log["weighted_standard_error"] / np.maximum(log["uniform_standard_error"], 1e-12)
+        _band(ax, _steps_axis(log, window), _smooth(ratio, window), arm)
+    ax.axhline(1, color="grey", lw=0.5)
+    ax.set(
+        xlabel="RL step",
+        ylabel="weighted SE / uniform-allocation SE",
+        title="Gradient-noise proxy against a uniform allocation",
+    )
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def plot_tokens(logs: dict, window: int = 10) -> Figure:
+    fig = Figure(figsize=(6, 3.5))
+    ax = fig.subplots()
+    for arm, log in logs.items():
+        tokens = np.cumsum(log["tokens"], axis=1).mean(axis=0)
+        accuracy = _smooth(log["accuracy"], window)
+        ax.plot(tokens[len(tokens) - accuracy.shape[1] :], accuracy.mean(axis=0), label=arm)
+    ax.set(
+        xlabel="sampled tokens (cumulative, mean over seeds)",
+        ylabel=f"training accuracy (avg of {window})",
+        title="Learning against token cost",
+    )
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def plot_heldout(summary: dict) -> Figure:
+    k = summary["frontier_k"]
+    arms = summary["arms"]
+    levels = sorted(
+        int(name.split()[0][1:])
+        for name in summary["warm_start"]
+        if name.endswith(f" pass@{k}") and name.startswith("L")
+    )
+    fig = Figure(figsize=(11, 3.6))
+    left, right = fig.subplots(1, 2, width_ratios=(2, 1))
+    rows = ["warm_start", *arms]
+    width = 0.8 / len(rows)
+    labels = [f"L{lv}" for lv in levels] + ["pooled", "frontier"]
+    names = [f"L{lv} pass@{k}" for lv in levels] + [f"pooled pass@{k}", f"frontier pass@{k}"]
+    for i, arm in enumerate(rows):
+        if arm == "warm_start":
+            values = np.asarray([summary["warm_start"][n] for n in names])
+            low = high = values
+        else:
+            seeds = summary["per_seed"][arm].values()
+            per_seed = np.asarray([[s[n] for n in names] for s in seeds])
+            values, low, high = per_seed.mean(0), per_seed.min(0), per_seed.max(0)
+        x = np.arange(len(labels)) + (i - (len(rows) - 1) / 2) * width
+        left.bar(x, values, width, label=arm, yerr=[values - low, high - values], capsize=2)
+    left.set_xticks(np.arange(len(labels)), labels)
+    left.set(
+        ylim=(0, 1.05),
+        ylabel=f"held-out pass@{k}",
+        title="Per level (bars: mean over seeds, whiskers: min-max)",
+    )
+    left.legend(fontsize=7, ncol=len(rows))
+    primary = {arm: g for arm, g in summary["primary"].items() if g is not None}
+    for y, g in enumerate(primary.values()):
+        right.errorbar(
+            100 * g["gain"],
+            y,
+            xerr=[[100 * (g["gain"] - g["low"])], [100 * (g["high"] - g["gain"])]],
+            fmt="o",
+            capsize=3,
+        )
+    right.axvline(0, color="grey", lw=0.5)
+    right.set_yticks(range(len(primary)), list(primary))
+    metric = summary["primary_declaration"]["metric"]
+    right.set(
+        xlabel=f"relative gain over {summary['baseline']} (%)",
+        title=f"Primary: frontier {metric}, 95% CI",
+    )
+    fig.tight_layout()
+    return fig
+
+
+def draw_figures(summary: dict, workdir: str | pathlib.Path, out: str | pathlib.Path) -> list:
+    """Draws every figure of the module docstring into `out` (PNG); returns their paths."""
+    out = pathlib.Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    logs = load_logs(workdir, summary["arms"], summary["seeds"])
+    figures = [
+        plot_zero_advantage(logs),
+        plot_allocation(logs),
+        plot_prompt_adversary(logs),
+        plot_lead_lag(logs),
+        plot_standard_error(logs),
+        plot_tokens(logs),
+        plot_heldout(summary),
+    ]
+    paths = []
+    for name, fig in zip(FIGURES, figures, strict=True):
+        fig.savefig(out / name, dpi=120)
+        paths.append(out / name)
+    return paths
+
+
+def _pct(value: float) -> str:
+    return "n/a" if value is None or not math.isfinite(value) else f"{100 * value:+.1f} %"
+
+
+def format_tables(summary: dict) -> str:
+    """Markdown: the primary table with intervals and power, per-seed figures, per-level means,
+    secondary gains and token costs."""
+    k = summary["frontier_k"]
+    declared = summary["primary_declaration"]
+    metric = declared["metric"]
+    scope = "frontier" if declared["levels"] == "frontier" else "pooled"
+    primary_name = f"{scope} {metric}"
+    base = summary["baseline"]
+    frontier = ", ".join(f"L{lv}" for lv in summary["frontier_levels"]) or "none"
+    seeds = summary["seeds"]
+    level = int(round(100 * declared["confidence"]))
+    where = (
+        f"the frontier levels ({frontier}: the warm start's validation pass@{k} below 0.95)"
+        if scope == "frontier"
+        else "all levels"
+    )
+    lines = [
+        f"Primary metric: relative {metric} gain over `{base}` on {where}, paired by seed, "
+        f"paired bootstrap {level} % interval; {len(seeds)} seeds, "
+        f"{summary['problems']['frontier']} frontier problems of {summary['problems']['total']} "
+        f"on the {summary['split']} split.",
+        "",
+        f"| arm | {primary_name} (mean over seeds) | gain over {base} | {level} % interval "
+        f"| detectable gain (80 % power) | sampled tokens vs {base} |",
+        "|---|---|---|---|---|---|",
+    ]
+    for arm in summary["arms"]:
+        mean = summary["mean"][arm][primary_name]
+        tokens = _pct(summary["token_ratio"][arm] - 1.0)
+        g = summary["primary"].get(arm)
+        if arm == base:
+            lines.append(f"| {arm} | {mean:.3f} | (baseline) | | | {tokens} |")
+        elif g is None:
+            lines.append(f"| {arm} | {mean:.3f} | n/a (baseline at 0) | | | {tokens} |")
+        else:
+            lines.append(
+                f"| {arm} | {mean:.3f} | {_pct(g['gain'])} "
+                f"| [{_pct(g['low'])}, {_pct(g['high'])}] "
+                f"| {_pct(g['detectable_gain'])} | {tokens} |"
+            )
+    warm = summary["warm_start"][primary_name]
+    lines += ["", f"Warm start: {primary_name} {warm:.3f}.", "", "Per seed:", ""]
+    lines.append("| arm | " + " | ".join(f"seed {s}" for s in seeds) + " |")
+    lines.append("|---|" + "---|" * len(seeds))
+    for arm in summary["arms"]:
+        cells = [f"{summary['per_seed'][arm][str(s)][primary_name]:.3f}" for s in seeds]
+        lines.append(f"| {arm} ({primary_name}) | " + " | ".join(cells) + " |")
+    names = [n for n in summary["warm_start"] if n.startswith(("L", "pooled", "frontier"))]
+    lines += ["", "Per level, mean over seeds:", ""]
+    lines.append("| | warm start | " + " | ".join(summary["arms"]) + " |")
+    lines.append("|---|---|" + "---|" * len(summary["arms"]))
+    for name in names:
+        cells = [f"{summary['mean'][arm][name]:.3f}" for arm in summary["arms"]]
+        lines.append(f"| {name} | {summary['warm_start'][name]:.3f} | " + " | ".join(cells) + " |")
+    lines += ["", f"Secondary gains over `{base}` (paired bootstrap {level} % intervals):", ""]
+    for arm, gains in summary["secondary"].items():
+        for name, g in gains.items():
+            shown = (
+                "n/a" if g is None else (f"{_pct(g['gain'])} [{_pct(g['low'])}, {_pct(g['high'])}]")
+            )
+            lines.append(f"- {arm}, {name}: {shown}")
+    return "\n".join(lines)

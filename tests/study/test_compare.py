@@ -1,0 +1,218 @@
+"""The comparison study (`experiments/compare.py`).
+
+- End to end on tiny settings (`_study_config.py`: 2 arms x 2 seeds x 3 steps): every run is
+  trained and evaluated, the results are written, a second pass reruns nothing, and one run
+  deleted and rerun alone in a subprocess with the `--config.only` command reproduces its
+  metrics rows and final parameters bit for bit (the tiny policy scores 0 held out, so its
+  figures cannot show that).
+- `collect`'s arithmetic on fabricated evaluation files: the frontier levels, per-seed figures
+  and the primary paired gain, against values computed here by hand.
+"""
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import safetensors.numpy
+
+from experiments.configs import ablations
+from gdro_jax import study, train
+from tests.study import _study_config
+from tests.test_notebooks import execute_notebook
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+README_BLOCK = "# Results\n\nProse above.\n\n{begin}\nold numbers\n{end}\n\nProse below.\n"
+
+
+def _rows(folder):
+    with open(folder / "metrics.jsonl", encoding="utf-8") as file:
+        rows = [json.loads(line) for line in file]
+    return [{k: v for k, v in row.items() if not k.startswith("time/")} for row in rows]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    base = tmp_path_factory.mktemp("study")
+    workdir, results = base / "runs", base / "results"
+    results_md = base / "RESULTS.md"
+    results_md.write_text(README_BLOCK.format(begin=study.RESULTS_BEGIN, end=study.RESULTS_END))
+    config = _study_config.get_config()
+    study.prepare_warm_start(config, workdir)
+    todo = study.pending(config, workdir)
+    for spec in todo:
+        study.run_one(config, workdir, spec)
+    summary = study.write_results(config, workdir, results, results_md)
+    return dict(
+        config=config,
+        workdir=workdir,
+        results=results,
+        results_md=results_md,
+        todo=todo,
+        summary=summary,
+    )
+
+
+def test_every_run_is_trained_and_evaluated_seed_major(finished):
+    assert [spec.name for spec in finished["todo"]] == [
+        "grpo/seed_0",
+        "gdro_both/seed_0",
+        "grpo/seed_1",
+        "gdro_both/seed_1",
+    ]
+    for spec in finished["todo"]:
+        folder = finished["workdir"] / spec.arm / f"seed_{spec.seed}"
+        assert [row["step"] for row in _rows(folder)] == [1, 2, 3]
+        config = json.loads((folder / "config.json").read_text())
+        assert (config["method"], config["seed"]) == (spec.arm, spec.seed)
+        assert config["init_from"] == str(finished["workdir"] / "warm_start" / "model")
+        record = json.loads((folder / "eval_test.json").read_text())
+        assert record["evaluation"]["num_samples"] == 2
+        assert len(record["evaluation"]["correct"]) == 6 * 3  # 6 levels x 3 test problems
+        tokens = sum(row["tokens"] for row in _rows(folder))
+        assert record["sampled_tokens"] == tokens > 0
+
+
+def test_the_results_are_written_and_the_markdown_block_replaced(finished):
+    results, summary = finished["results"], finished["summary"]
+    assert json.loads((results / "study.json").read_text()) == json.loads(json.dumps(summary))
+    for name in study.FIGURES:
+        assert (results / name).stat().st_size > 0, name
+    tables = (results / "tables.md").read_text()
+    text = finished["results_md"].read_text()
+    assert text.startswith("# Results\n\nProse above.\n\n")
+    assert text.endswith("\n\nProse below.\n")
+    assert "old numbers" not in text and tables.strip() in text
+    assert "| grpo (frontier pass@2) |" in tables
+    assert summary["arms"] == ["grpo", "gdro_both"] and summary["seeds"] == [0, 1]
+
+
+def test_the_curriculum_notebook_draws_the_tiny_study(finished, monkeypatch):
+    monkeypatch.setenv("GDRO_STUDY", str(finished["workdir"]))
+    monkeypatch.setenv("GDRO_STUDY_RESULTS", str(finished["results"]))
+    execute_notebook(pathlib.Path(ROOT) / "notebooks" / "curriculum.py")
+
+
+def test_a_second_pass_finds_nothing_to_run_and_a_changed_eval_everything(finished):
+    config = finished["config"]
+    assert study.pending(config, finished["workdir"]) == []
+    changed = _study_config.get_config()
+    changed.eval.seed = 7
+    assert len(study.pending(changed, finished["workdir"])) == 4
+
+
+def test_one_run_rerun_alone_reproduces_it_bit_for_bit(finished, tmp_path):
+    workdir = finished["workdir"]
+    folder = workdir / "grpo" / "seed_1"
+    kept = tmp_path / "kept"
+    shutil.copytree(folder, kept)
+    shutil.rmtree(folder)
+    command = [
+        sys.executable,
+        "-m",
+        "experiments.compare",
+        "--config=tests/study/_study_config.py",
+        f"--workdir={workdir}",
+        "--config.only=grpo/seed_1",
+    ]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert _rows(folder) == _rows(kept)
+    params = safetensors.numpy.load_file(str(folder / "model" / "model.safetensors"))
+    expected = safetensors.numpy.load_file(str(kept / "model" / "model.safetensors"))
+    assert sorted(params) == sorted(expected)
+    for name, value in expected.items():
+        assert np.array_equal(params[name], value), name
+    record = json.loads((folder / "eval_test.json").read_text())
+    assert record["evaluation"] == json.loads((kept / "eval_test.json").read_text())["evaluation"]
+    assert done.stdout.strip().splitlines()[-1].startswith("grpo/seed_1: frontier pass@2 ")
+
+
+def test_an_unknown_arm_field_is_named():
+    config = _study_config.get_config()
+    config.arms.grpo = "method=grpo grpo.loss_sginal=surrogate"
+    with pytest.raises(ValueError, match=r"arms\.grpo: unknown field 'grpo\.loss_sginal'"):
+        study.run_config(config, study.RunSpec("grpo", 0), "warm")
+    config.run = "grpo,nope"
+    with pytest.raises(ValueError, match=r"run: unknown arms \['nope'\]"):
+        study.run_specs(config)
+
+
+# --- collect() on fabricated files -------------------------------------------------------------
+
+LEVELS = np.array([1, 1, 2, 2, 3, 3])
+# Correct samples of 4 per problem, per arm and seed (levels 2 and 3 are the frontier).
+CORRECT = {
+    ("grpo", 0): [4, 4, 3, 0, 1, 0],
+    ("grpo", 1): [4, 3, 2, 1, 0, 0],
+    ("gdro_both", 0): [4, 4, 4, 1, 1, 1],
+    ("gdro_both", 1): [4, 2, 2, 2, 0, 1],
+}
+
+
+def _write_eval(folder, correct, tokens):
+    folder.mkdir(parents=True, exist_ok=True)
+    evaluation = {"num_samples": 4, "correct": correct, "problem_levels": LEVELS.tolist()}
+    record = {"stamp": "x", "sampled_tokens": tokens, "evaluation": evaluation}
+    (folder / "eval_test.json").write_text(json.dumps(record))
+
+
+def test_collect_on_fabricated_evaluations_equals_the_hand_computation(tmp_path):
+    config = _study_config.get_config()
+    config.eval.num_samples = 4
+    config.primary.update(metric="pass@2", num_resamples=500)
+    # The warm start's validation pass@2 per level: levels 2 and 3 are under 0.95.
+    levels = {str(lv): {"pass@k": {"2": p}} for lv, p in ((1, 1.0), (2, 0.9), (3, 0.2))}
+    (tmp_path / "warm_start").mkdir()
+    frontier_file = {"evaluation": {"num_samples": 2, "levels": levels}}
+    (tmp_path / "warm_start" / "frontier.json").write_text(json.dumps(frontier_file))
+    _write_eval(tmp_path / "warm_start", [4, 4, 1, 0, 0, 0], 0.0)
+    for (arm, seed), correct in CORRECT.items():
+        _write_eval(tmp_path / arm / f"seed_{seed}", correct, 100.0 * (1 + (arm == "gdro_both")))
+
+    summary = study.collect(config, tmp_path)
+
+    assert summary["frontier_levels"] == [2, 3]
+
+    # pass@2 of a problem with c of 4 right: 1 - C(4-c, 2) / C(4, 2), by hand.
+    def pass2(c):
+        return 1 - {0: 6, 1: 3, 2: 1, 3: 0, 4: 0}[c] / 6
+
+    frontier = {key: [pass2(c) for c in correct[2:]] for key, correct in CORRECT.items()}
+    assert summary["per_seed"]["grpo"]["0"]["frontier pass@2"] == pytest.approx(
+        np.mean([1, 0, 0.5, 0])
+    )
+    base = np.mean([frontier[("grpo", s)] for s in (0, 1)])
+    method = np.mean([frontier[("gdro_both", s)] for s in (0, 1)])
+    primary = summary["primary"]["gdro_both"]
+    assert primary["gain"] == pytest.approx(method / base - 1, abs=1e-12)
+    per_seed = [
+        np.mean(frontier[("gdro_both", s)]) / np.mean(frontier[("grpo", s)]) - 1 for s in (0, 1)
+    ]
+    assert primary["per_seed"] == pytest.approx(per_seed)
+    assert primary["low"] <= primary["gain"] <= primary["high"]
+    assert primary["detectable_gain"] == pytest.approx(2.8016 * primary["standard_error"], rel=1e-4)
+    assert summary["token_ratio"] == {"grpo": 1.0, "gdro_both": 2.0}
+    assert summary["problems"] == {"total": 6, "frontier": 4}
+    # A secondary figure: pooled mean@4 (the fraction of samples right), by hand.
+    pooled = summary["secondary"]["gdro_both"]["pooled mean@4"]
+    method = np.mean([CORRECT[("gdro_both", s)] for s in (0, 1)]) / 4
+    base = np.mean([CORRECT[("grpo", s)] for s in (0, 1)]) / 4
+    assert pooled["gain"] == pytest.approx(method / base - 1)
+
+
+@pytest.mark.parametrize("group", ["", *ablations.GROUPS])
+def test_every_ablation_arm_builds_its_controllers(group):
+    config = ablations.get_config(group)
+    arms = study.arms_of(config)
+    assert next(iter(arms)) == "grpo" and len(arms) >= 2
+    for arm in arms:
+        run = study.run_config(config, study.RunSpec(arm, 0), "warm")
+        gdro, _ = train.build_controllers(run, 64)
+        assert run.method == study.parse_overrides(config.arms[arm], where=arm)["method"]
+    with pytest.raises(ValueError, match="unknown ablation group"):
+        ablations.get_config("nope")
