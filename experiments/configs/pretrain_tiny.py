@@ -5,10 +5,12 @@ with 20 warmup steps, cosine decay and clipping 1.0. The warm-start level shares
 steeper than the RL pool's 1.5^-level, so long chains stay rare and level 8 stays hard. Then
 SPEC 11's frontier is checked on the validation split, with 8 samples per problem at T=1.
 
-Measured with this config (validation, eval seed 0): pass@1 from 0.93 at level 1 down to 0.49 at
-level 7 and 0.043 at level 8, where pass@8 is 0.16. Eval seeds 1-5 gave level 1 0.90-0.93,
-level 8 0.016-0.039 and level 8 pass@8 0.09-0.16. Training took 169 s wall (307 s CPU) on
-2 shared cores.
+Measured with this config (validation, eval seed 0; re-measured 2026-12-01 with the current
+trainer and sampler): pass@1 from 0.94 at level 1 down to 0.49 at level 7 and 0.008 at level 8,
+where pass@8 is 0.062 (this file's earlier measurement gave 0.043 and 0.16; the model,
+sampler and evaluation code have changed since, and the cause was not traced). Training took
+224 s wall (403 s CPU) on 2 cores. With 280 steps level 8 reaches pass@1 0.066 and pass@8 0.375
+(SPEC 11's frontier narrowly missed), with 320 steps 0.289 and 0.688 (RESULTS.md).
 
 The frontier moves in jumps with steps, tail and batch order. With 220 steps and 2^-level it
 only just passed (level 1 0.84, level 8 0.008). With 240 steps and 2^-level, level 8 was 0.

@@ -314,7 +314,7 @@ def format_tables(summary: dict) -> str:
         cells = [f"{summary['per_seed'][arm][str(s)][primary_name]:.3f}" for s in seeds]
         lines.append(f"| {arm} ({primary_name}) | " + " | ".join(cells) + " |")
     names = [n for n in summary["warm_start"] if n.startswith(("L", "pooled", "frontier"))]
-    lines += ["", "Per level, mean over seeds:", ""]
+    lines += ["", "Per level, mean over seeds (pass@1 is also mean@n, the fraction right):", ""]
     lines.append("| | warm start | " + " | ".join(summary["arms"]) + " |")
     lines.append("|---|---|" + "---|" * len(summary["arms"]))
     for name in names:
