@@ -36,7 +36,7 @@ from gdro_jax.eval import evaluate_with, pass_at_k
 from gdro_jax.study._demo import BASELINE, warm_start_frontier
 from gdro_jax.study._stats import detectable_gain, paired_relative_gain
 from gdro_jax.train import read_metrics, train
-from gdro_jax.warmstart import pretrain
+from gdro_jax.warmstart import CONFIG_FILE, config_hash, pretrain
 
 SPLITS = ("validation", "test")
 
@@ -151,7 +151,7 @@ def run_config(
 
 def _stamp(run: ml_collections.ConfigDict | None, eval_config: ml_collections.ConfigDict) -> str:
     """What decides an evaluation file: the run's config (without `progress`) and the eval."""
-    fields = {"eval": eval_config.to_dict()}
+    fields: dict[str, Any] = {"eval": eval_config.to_dict()}
     if run is not None:
         fields["run"] = {k: v for k, v in run.to_dict().items() if k != "progress"}
     text = json.dumps(fields, sort_keys=True, default=str)
@@ -184,12 +184,27 @@ def _evaluate(model_dir, config, progress: bool) -> evaluation.TaskEvaluation:
 
 
 def prepare_warm_start(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> pathlib.Path:
-    """Trains (or reuses) the pinned warm start and evaluates it on the study's split once."""
+    """Trains (or reuses) the pinned warm start and evaluates it on the study's split once.
+
+    Raises:
+      ValueError: the workdir's warm start was trained from another config and runs were
+        trained from it (they would be stale): use another workdir.
+    """
+    stored = workdir / BASELINE / CONFIG_FILE
+    if stored.exists():
+        before = json.loads(stored.read_text()).get("config_hash")
+        runs = [p for p in workdir.glob("*/seed_*") if p.is_dir()]
+        if before != config_hash(config.pretrain) and runs:
+            raise ValueError(
+                f"{workdir}: its warm start was trained from another pretrain config (hash "
+                f"{before}, now {config_hash(config.pretrain)}) and {len(runs)} runs started from "
+                "it; use another --workdir"
+            )
     pretrain_config = copy.deepcopy(config.pretrain)
     pretrain_config.progress = config.progress  # not part of the warm start's hash
     model_dir = pretrain(pretrain_config, workdir / BASELINE)
     path = _eval_file(workdir / BASELINE, config.eval.split)
-    stamp = _stamp(None, config.eval)
+    stamp = _stamp(None, config.eval) + "-" + config_hash(config.pretrain)
     if _read_done(path, stamp) is None:
         result = _evaluate(model_dir, config, config.progress)
         path.write_text(json.dumps({"stamp": stamp, "evaluation": result.to_dict()}))
@@ -277,12 +292,21 @@ def _figures_of(result: Evaluated, metrics: tuple[str, ...], frontier: list[int]
     return out
 
 
-def collect(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict[str, Any]:
+def collect(
+    config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *, check_stamps: bool = True
+) -> dict[str, Any]:
     """Reads a finished study: per-seed figures, the primary paired gains with intervals, the
     power (smallest detectable gain), secondary gains and token costs; JSON-ready.
 
+    Args:
+      config: the study's config.
+      workdir: its work directory.
+      check_stamps: refuse evaluation files made under another config (False reads them
+        anyway, e.g. files written by hand).
+
     Raises:
       FileNotFoundError: a run or the warm start has no evaluation file (run the study first).
+      ValueError: with `check_stamps`, a run evaluated under another config.
     """
     workdir = pathlib.Path(workdir)
     split = config.eval.split
@@ -298,6 +322,13 @@ def collect(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> d
     missing = [str(path_of(a, s)) for a in arms for s in seeds if not path_of(a, s).exists()]
     if missing:
         raise FileNotFoundError(f"{len(missing)} runs have no evaluation yet: {missing[:4]}")
+    if check_stamps:
+        stale = [spec.name for spec in pending(config, workdir) if spec.arm in arms]
+        if stale:
+            raise ValueError(
+                f"{len(stale)} runs were evaluated under another config ({stale[:4]}): run the "
+                "study again to bring them up to date"
+            )
     loaded = {arm: {seed: _load(path_of(arm, seed)) for seed in seeds} for arm in arms}
     warm = _load(_eval_file(workdir / BASELINE, split))
 

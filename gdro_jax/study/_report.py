@@ -139,37 +139,41 @@ def plot_prompt_adversary(logs: dict, window: int = 5) -> Figure:
     return fig
 
 
-def plot_lead_lag(logs: dict, window: int = 5) -> Figure:
+def _per_step_plot(logs, series, window, *, reference, ylabel, title) -> Figure:
+    """One curve per arm of `series(log)` [seeds, steps] over steps, a line at `reference`."""
     fig = Figure(figsize=(6, 3.5))
     ax = fig.subplots()
     for arm, log in logs.items():
-        _band(ax, _steps_axis(log, window), _smooth(log["lead_lag_gap"], window), arm)
-    ax.axhline(0, color="grey", lw=0.5)
-    ax.set(
-        xlabel="RL step",
+        _band(ax, _steps_axis(log, window), _smooth(series(log), window), arm)
+    ax.axhline(reference, color="grey", lw=0.5)
+    ax.set(xlabel="RL step", ylabel=ylabel, title=title)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def plot_lead_lag(logs: dict, window: int = 5) -> Figure:
+    return _per_step_plot(
+        logs,
+        lambda log: log["lead_lag_gap"],
+        window,
+        reference=0.0,
         ylabel="bins (negative: toward harder)",
         title="Lead-lag gap: weight mass's mean bin - batch's",
     )
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
 
 
 def plot_standard_error(logs: dict, window: int = 5) -> Figure:
-    fig = Figure(figsize=(6, 3.5))
-    ax = fig.subplots()
-    for arm, log in logs.items():
-        ratio = log["weighted_standard_error"] / np.maximum(log["uniform_standard_error"], 1e-12)
-        _band(ax, _steps_axis(log, window), _smooth(ratio, window), arm)
-    ax.axhline(1, color="grey", lw=0.5)
-    ax.set(
-        xlabel="RL step",
+    return _per_step_plot(
+        logs,
+        lambda log: (
+            log["weighted_standard_error"] / np.maximum(log["uniform_standard_error"], 1e-12)
+        ),
+        window,
+        reference=1.0,
         ylabel="weighted SE / uniform-allocation SE",
         title="Gradient-noise proxy against a uniform allocation",
     )
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
 
 
 def plot_tokens(logs: dict, window: int = 10) -> Figure:

@@ -10,6 +10,18 @@ TASK = dict(num_levels=6, pool_size=48, validation_per_level=2, test_per_level=3
 MODEL = dict(d_model=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16, mlp_dim=64)
 
 
+def shrink(config: ml_collections.ConfigDict) -> None:
+    """Cuts a study's or the demo's config (`pretrain`, `train`, `eval` blocks) to tiny sizes."""
+    config.pretrain.task.update(TASK)
+    config.pretrain.model.update(MODEL)
+    config.pretrain.train.update(steps=20, batch_size=16, warmup_steps=2)
+    config.pretrain.eval.update(num_samples=2, batch_size=12)
+    config.train.task.update(TASK)
+    config.train.model.update(MODEL)
+    config.train.update(steps=3, num_prompts=4, max_new_tokens=36)
+    config.eval.update(num_samples=2, batch_size=18)
+
+
 def get_config() -> ml_collections.ConfigDict:
     config = study.get_config()
     config.arms = ml_collections.ConfigDict(
@@ -19,14 +31,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.seeds = 2
     config.jobs = 1
     config.progress = False
-    config.pretrain.task.update(TASK)
-    config.pretrain.model.update(MODEL)
-    config.pretrain.train.update(steps=20, batch_size=16, warmup_steps=2)
-    config.pretrain.eval.update(num_samples=2, batch_size=12)
-    config.train.task.update(TASK)
-    config.train.model.update(MODEL)
-    config.train.update(steps=3, num_prompts=4, max_new_tokens=36)
+    shrink(config)
     config.train.checkpoint.every_steps = 2
-    config.eval.update(num_samples=2, batch_size=18)
     config.primary.update(metric="pass@2", num_resamples=200)
     return config

@@ -103,6 +103,12 @@ def test_a_second_pass_finds_nothing_to_run_and_a_changed_eval_everything(finish
     changed = _study_config.get_config()
     changed.eval.seed = 7
     assert len(study.pending(changed, finished["workdir"])) == 4
+    with pytest.raises(ValueError, match="4 runs were evaluated under another config"):
+        study.collect(changed, finished["workdir"])
+    retrained = _study_config.get_config()
+    retrained.pretrain.train.steps = 21
+    with pytest.raises(ValueError, match="its warm start was trained from another pretrain"):
+        study.prepare_warm_start(retrained, finished["workdir"])
 
 
 def test_one_run_rerun_alone_reproduces_it_bit_for_bit(finished, tmp_path):
@@ -174,7 +180,9 @@ def test_collect_on_fabricated_evaluations_equals_the_hand_computation(tmp_path)
     for (arm, seed), correct in CORRECT.items():
         _write_eval(tmp_path / arm / f"seed_{seed}", correct, 100.0 * (1 + (arm == "gdro_both")))
 
-    summary = study.collect(config, tmp_path)
+    with pytest.raises(ValueError, match="4 runs were evaluated under another config"):
+        study.collect(config, tmp_path)  # the files carry no real stamp
+    summary = study.collect(config, tmp_path, check_stamps=False)
 
     assert summary["frontier_levels"] == [2, 3]
 

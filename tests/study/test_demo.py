@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from experiments.configs import demo
+from tests.study import _study_config
 
 
 def test_demo_writes_the_table_plots_and_results(tmp_path, capsys):
@@ -14,16 +15,8 @@ def test_demo_writes_the_table_plots_and_results(tmp_path, capsys):
     config = demo.get_config()
     config.methods = "grpo,gdro_both"
     config.progress = False
-    task = dict(num_levels=6, pool_size=48, validation_per_level=2, test_per_level=3)
-    model = dict(d_model=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16, mlp_dim=64)
-    config.pretrain.task.update(task)
-    config.pretrain.model.update(model)
-    config.pretrain.train.update(steps=20, batch_size=16, warmup_steps=2)
-    config.pretrain.eval.update(num_samples=2, batch_size=12)
-    config.train.task.update(task)
-    config.train.model.update(model)
-    config.train.update(steps=3, num_prompts=4, max_new_tokens=36, tensorboard=False)
-    config.eval.update(num_samples=2, batch_size=18)
+    _study_config.shrink(config)  # the tiny study's warm start, task, policy and evaluation
+    config.train.tensorboard = False
 
     out = run_demo(config, tmp_path)
 
