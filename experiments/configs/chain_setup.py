@@ -8,15 +8,19 @@ splits stay out of training) and the same architecture.
 import ml_collections
 
 
-def task() -> ml_collections.ConfigDict:
-    """8 levels with a heavy tail (share 1.5^-level); pool <= steps x prompts / 5 for revisits."""
+def task(test_per_level: int | tuple[int, ...] = 100) -> ml_collections.ConfigDict:
+    """8 levels with a heavy tail (share 1.5^-level); pool <= steps x prompts / 5 for revisits.
+
+    `test_per_level`: one count for every level or one per level (`ChainTaskConfig`); a
+    ConfigDict keeps the type it was built with, so a tuple is given here, not assigned later.
+    """
     return ml_collections.ConfigDict(
         dict(
             num_levels=8,
             tail_base=1.5,
             pool_size=384,
             validation_per_level=32,
-            test_per_level=100,
+            test_per_level=test_per_level,
             seed=0,
         )
     )

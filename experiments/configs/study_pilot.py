@@ -1,14 +1,14 @@
-"""The pilots that chose the study's run length and learning rate, on the validation split only.
+"""The pilots that chose the study's run length, learning rate and warm start (validation only).
 
     python -m experiments.compare --config=experiments/configs/study_pilot.py \
-        --workdir=runs/study --results=results/pilot_150 --config.train.steps=150
+        --workdir=runs/pilot240 --results=results/pilot_150 --config.pretrain.train.steps=240
     python -m experiments.compare --config=experiments/configs/study_pilot.py \
-        --workdir=runs/study --results=results/pilot_300 --config.train.steps=300
+        --workdir=runs/pilot260 --results=results/pilot_warm260
 
-GRPO and gdro_both at two learning rates, one seed, from the study's warm start (the same
-`--workdir` as the study, so the warm start is shared); the second command extends the same runs
-from step 150 to 300 (the pool stays 960 prompts: 5 and 10 visits per prompt). Every figure is
-on the validation split (32 problems per level); the test split is not touched.
+GRPO and gdro_both at two learning rates, one seed, 150 steps, from the demo's 240-step warm
+start and from the study's 260-step one (a workdir per warm start: `compare` refuses to change a
+workdir's warm start under existing runs). Every figure is on the validation split (32 problems
+per level); the test split is not touched.
 """
 
 import ml_collections

@@ -72,7 +72,7 @@ class ChainSplits(NamedTuple):
       train: the training prompt pool, `pool_size` rows in a seeded random order (levels mixed);
         the prompt index used by the controllers is the row's position.
       validation: `validation_per_level` rows per level, grouped by level (1 first).
-      test: `test_per_level` rows per level, grouped by level (1 first).
+      test: `test_count(level)` rows per level, grouped by level (1 first).
     """
 
     train: list[dict]
@@ -190,7 +190,7 @@ def _heldout_codes(config: ChainTaskConfig) -> tuple[tuple[np.ndarray, np.ndarra
     for level in range(1, config.num_levels + 1):
         none = np.zeros((0,), np.int64)
         test = _distinct_codes(
-            _rng(config.seed, _TEST, level), level, config.test_per_level, none, repeat=False
+            _rng(config.seed, _TEST, level), level, config.test_count(level), none, repeat=False
         )
         validation = _distinct_codes(
             _rng(config.seed, _VALIDATION, level),

@@ -107,9 +107,12 @@ class ChainTaskConfig:
         with `pool_size_for` (pool <= steps x prompts per step / 5).
       validation_per_level: problems per level in the validation split (for choosing
         hyperparameters).
-      test_per_level: problems per level in the held-out test split. Validation plus test may
-        hold at most half of level 1's 300 problems, so `validation_per_level + test_per_level
-        <= 150`.
+      test_per_level: problems per level in the held-out test split: one int for every level,
+        or a sequence of `num_levels` ints (levels 1..L), e.g. more problems on the frontier
+        levels, where pass@8 intervals are widest (stored as a tuple; `test_count(level)` reads
+        it). Validation plus test may hold at most half of a level's problems, so
+        `validation_per_level + test_per_level <= 150` on level 1 (300 problems) and far more
+        on longer chains (`problem_space_size`).
       seed: the seed of every split (non-negative int).
     """
 
@@ -117,7 +120,7 @@ class ChainTaskConfig:
     tail_base: float = 1.5
     pool_size: int = 1024
     validation_per_level: int = 32
-    test_per_level: int = 100
+    test_per_level: int | tuple[int, ...] = 100
     seed: int = 0
 
     def __post_init__(self):
@@ -140,20 +143,41 @@ class ChainTaskConfig:
                 f"pool_size must be an int in [num_levels={self.num_levels}, {MAX_POOL_SIZE}] "
                 f"(at least one prompt per level), got pool_size={self.pool_size!r}"
             )
-        for name in ("validation_per_level", "test_per_level"):
-            value = getattr(self, name)
-            if not _is_int(value) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {name}={value!r}")
-        heldout_limit = problem_space_size(1) // 2
-        if self.validation_per_level + self.test_per_level > heldout_limit:
+        if not _is_int(self.validation_per_level) or self.validation_per_level < 1:
             raise ValueError(
-                "validation_per_level + test_per_level must be <= "
-                f"{heldout_limit} (half of level 1's {problem_space_size(1)} problems), got "
-                f"validation_per_level={self.validation_per_level}, "
-                f"test_per_level={self.test_per_level}"
+                "validation_per_level must be an int >= 1, "
+                f"got validation_per_level={self.validation_per_level!r}"
             )
+        test = self.test_per_level
+        if isinstance(test, (list, tuple)):
+            if len(test) != self.num_levels or not all(_is_int(n) and n >= 1 for n in test):
+                raise ValueError(
+                    f"test_per_level must be an int >= 1 or {self.num_levels} such ints (one per "
+                    f"level), got test_per_level={test!r}"
+                )
+            object.__setattr__(self, "test_per_level", tuple(int(n) for n in test))
+        elif not _is_int(test) or test < 1:
+            raise ValueError(
+                f"test_per_level must be an int >= 1 or {self.num_levels} such ints (one per "
+                f"level), got test_per_level={test!r}"
+            )
+        for level in range(1, self.num_levels + 1):
+            limit = problem_space_size(level) // 2
+            if self.validation_per_level + self.test_count(level) > limit:
+                raise ValueError(
+                    f"validation_per_level + test_per_level must be <= {limit} on level {level} "
+                    f"(half of its {problem_space_size(level)} problems), got "
+                    f"validation_per_level={self.validation_per_level}, "
+                    f"test_per_level={self.test_per_level!r}"
+                )
         if not _is_int(self.seed) or self.seed < 0:
             raise ValueError(f"seed must be a non-negative int, got seed={self.seed!r}")
+
+    def test_count(self, level: int) -> int:
+        """Problems of `level` (1..L) in the test split."""
+        if isinstance(self.test_per_level, tuple):
+            return self.test_per_level[level - 1]
+        return self.test_per_level
 
     @property
     def max_prompt_length(self) -> int:

@@ -12,11 +12,12 @@ MODEL = dict(d_model=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
 
 def shrink(config: ml_collections.ConfigDict) -> None:
     """Cuts a study's or the demo's config (`pretrain`, `train`, `eval` blocks) to tiny sizes."""
-    config.pretrain.task.update(TASK)
+    # Rebuilt, not updated: the study's `test_per_level` is a tuple, the tiny one an int.
+    config.pretrain.task = ml_collections.ConfigDict({**config.pretrain.task.to_dict(), **TASK})
     config.pretrain.model.update(MODEL)
     config.pretrain.train.update(steps=20, batch_size=16, warmup_steps=2)
     config.pretrain.eval.update(num_samples=2, batch_size=12)
-    config.train.task.update(TASK)
+    config.train.task = ml_collections.ConfigDict({**config.train.task.to_dict(), **TASK})
     config.train.model.update(MODEL)
     config.train.update(steps=3, num_prompts=4, max_new_tokens=36)
     config.eval.update(num_samples=2, batch_size=18)

@@ -116,6 +116,29 @@ def test_pool_is_distinct_where_the_level_allows_and_repeats_evenly_otherwise(sp
         assert len(set(by_level[level])) == len(by_level[level])
 
 
+def test_per_level_test_counts():
+    """A count per level gives that many distinct test problems of each level, disjoint from
+    validation and pool; a list reads as the same tuple (the form a JSON config comes back in),
+    and every other level's problems are those an int count gives."""
+    counts = (3, 5, 4, 4, 4, 4, 4, 40)
+    config = dataclasses.replace(
+        CONFIG, pool_size=256, validation_per_level=4, test_per_level=counts
+    )
+    assert config == dataclasses.replace(config, test_per_level=list(counts))
+    assert [config.test_count(level) for level in range(1, 9)] == list(counts)
+    split = tasks.build_splits(config)
+    by_level = collections.Counter(row["level"] for row in split.test)
+    assert [by_level[level] for level in range(1, 9)] == list(counts)
+    test = [row["prompt"] for row in split.test]
+    assert len(set(test)) == len(test)
+    assert not set(test) & {row["prompt"] for row in split.validation + split.train}
+    uniform = tasks.build_splits(dataclasses.replace(config, test_per_level=4))
+    for level in range(3, 8):  # the same count as the uniform config: the same problems
+        assert [r["prompt"] for r in split.test if r["level"] == level] == [
+            r["prompt"] for r in uniform.test if r["level"] == level
+        ]
+
+
 @pytest.mark.parametrize("tail_base", [1.5, 2.0])
 def test_pool_level_shares_follow_the_base(tail_base):
     config = tasks.ChainTaskConfig(
@@ -217,6 +240,10 @@ def test_lengths_and_space_sizes():
         (dict(validation_per_level=0), "validation_per_level"),
         (dict(test_per_level=-1), "test_per_level"),
         (dict(validation_per_level=60, test_per_level=100), "test_per_level"),
+        (dict(test_per_level=(10,) * 7), "test_per_level"),  # 7 counts for 8 levels
+        (dict(test_per_level=(10,) * 7 + (0,)), "test_per_level"),
+        (dict(test_per_level=(200,) + (10,) * 7), "level 1"),  # over half of level 1
+        (dict(test_per_level=(10, 5000) + (10,) * 6), "level 2"),  # 9,000 problems
         (dict(seed=-1), "seed"),
         (dict(seed=True), "seed"),
     ],
