@@ -279,13 +279,28 @@ def _per_problem(result: Evaluated, metric: str) -> np.ndarray:
     raise ValueError(f"unknown metric {metric!r}: pass@<k> or mean@<n>")
 
 
+def level_weights(levels_P: np.ndarray) -> np.ndarray:
+    """float64[P] problem weights under which every level present counts equally (mean 1).
+
+    A pooled or frontier figure is the mean over its levels of each level's mean, whatever the
+    levels' problem counts (the study's test split holds 1,000 problems on the frontier level
+    and 100 on the others); with equal counts every weight is 1 and it is the plain mean.
+    """
+    _, index, counts = np.unique(np.asarray(levels_P), return_inverse=True, return_counts=True)
+    return (len(levels_P) / (len(counts) * counts))[index]
+
+
 def _figures_of(result: Evaluated, metrics: tuple[str, ...], frontier: list[int]) -> dict:
     out: dict[str, Any] = {}
     on_frontier = np.isin(result.levels, frontier)
+    pooled_weights = level_weights(result.levels)
+    frontier_weights = level_weights(result.levels[on_frontier])
     for metric in metrics:
         values = _per_problem(result, metric)
-        out[f"pooled {metric}"] = float(values.mean())
-        out[f"frontier {metric}"] = float(values[on_frontier].mean()) if frontier else float("nan")
+        out[f"pooled {metric}"] = float(np.mean(values * pooled_weights))
+        out[f"frontier {metric}"] = (
+            float(np.mean(values[on_frontier] * frontier_weights)) if frontier else float("nan")
+        )
         for level in sorted(set(result.levels.tolist())):
             out[f"L{level} {metric}"] = float(values[result.levels == level].mean())
     out["sampled_tokens"] = result.sampled_tokens
@@ -340,13 +355,16 @@ def collect(
     levels_of_primary = frontier if config.primary.levels == "frontier" else None
 
     def matrix(arm, metric, levels):
+        """[seeds, problems] values scaled by `level_weights`, so that their mean (and the
+        paired gain's ratio of means) weighs every level equally."""
         rows = []
         for seed in seeds:
             result = loaded[arm][seed]
-            values = _per_problem(result, metric)
+            values, problem_levels = _per_problem(result, metric), result.levels
             if levels is not None:
-                values = values[np.isin(result.levels, levels)]
-            rows.append(values)
+                chosen = np.isin(problem_levels, levels)
+                values, problem_levels = values[chosen], problem_levels[chosen]
+            rows.append(values * level_weights(problem_levels))
         return np.stack(rows)
 
     def gain(arm, metric, levels):

@@ -160,25 +160,31 @@ CORRECT = {
 }
 
 
-def _write_eval(folder, correct, tokens):
+def _write_eval(folder, correct, tokens, levels=LEVELS):
     folder.mkdir(parents=True, exist_ok=True)
-    evaluation = {"num_samples": 4, "correct": correct, "problem_levels": LEVELS.tolist()}
+    evaluation = {"num_samples": 4, "correct": correct, "problem_levels": [int(x) for x in levels]}
     record = {"stamp": "x", "sampled_tokens": tokens, "evaluation": evaluation}
     (folder / "eval_test.json").write_text(json.dumps(record))
 
 
-def test_collect_on_fabricated_evaluations_equals_the_hand_computation(tmp_path):
+def _fabricated_study(tmp_path, levels=LEVELS):
     config = _study_config.get_config()
     config.eval.num_samples = 4
     config.primary.update(metric="pass@2", num_resamples=500)
     # The warm start's validation pass@2 per level: levels 2 and 3 are under 0.95.
-    levels = {str(lv): {"pass@k": {"2": p}} for lv, p in ((1, 1.0), (2, 0.9), (3, 0.2))}
+    warm = {str(lv): {"pass@k": {"2": p}} for lv, p in ((1, 1.0), (2, 0.9), (3, 0.2))}
     (tmp_path / "warm_start").mkdir()
-    frontier_file = {"evaluation": {"num_samples": 2, "levels": levels}}
+    frontier_file = {"evaluation": {"num_samples": 2, "levels": warm}}
     (tmp_path / "warm_start" / "frontier.json").write_text(json.dumps(frontier_file))
-    _write_eval(tmp_path / "warm_start", [4, 4, 1, 0, 0, 0], 0.0)
+    _write_eval(tmp_path / "warm_start", [4, 4, 1, 0, 0, 0], 0.0, levels)
     for (arm, seed), correct in CORRECT.items():
-        _write_eval(tmp_path / arm / f"seed_{seed}", correct, 100.0 * (1 + (arm == "gdro_both")))
+        tokens = 100.0 * (1 + (arm == "gdro_both"))
+        _write_eval(tmp_path / arm / f"seed_{seed}", correct, tokens, levels)
+    return config
+
+
+def test_collect_on_fabricated_evaluations_equals_the_hand_computation(tmp_path):
+    config = _fabricated_study(tmp_path)
 
     with pytest.raises(ValueError, match="4 runs were evaluated under another config"):
         study.collect(config, tmp_path)  # the files carry no real stamp
@@ -211,6 +217,45 @@ def test_collect_on_fabricated_evaluations_equals_the_hand_computation(tmp_path)
     method = np.mean([CORRECT[("gdro_both", s)] for s in (0, 1)]) / 4
     base = np.mean([CORRECT[("grpo", s)] for s in (0, 1)]) / 4
     assert pooled["gain"] == pytest.approx(method / base - 1)
+
+
+def test_levels_count_equally_whatever_their_problem_counts(tmp_path):
+    """Pooled and frontier figures are means of per-level means: with 2 problems on level 1, 3
+    on level 2 and 1 on level 3, a level-3 problem weighs three times a level-2 one."""
+    levels = [1, 1, 2, 2, 2, 3]
+    config = _fabricated_study(tmp_path, levels)
+    summary = study.collect(config, tmp_path, check_stamps=False)
+
+    def by_levels(values, chosen):
+        values, at = np.asarray(values, float), np.asarray(levels)
+        return np.mean([values[at == level].mean() for level in chosen])
+
+    def pass2(c):
+        return 1 - {0: 6, 1: 3, 2: 1, 3: 0, 4: 0}[c] / 6
+
+    figures = summary["per_seed"]["gdro_both"]["1"]
+    correct = CORRECT[("gdro_both", 1)]  # [4, 2, 2, 2, 0, 1]
+    assert figures["pooled pass@1"] == pytest.approx((0.75 + 1 / 3 + 0.25) / 3)
+    # Level 2: 2, 2, 0 of 4 right -> pass@2 5/6, 5/6, 0; level 3: 1 right -> 1/2.
+    assert figures["frontier pass@2"] == pytest.approx((5 / 9 + pass2(1)) / 2)
+    assert figures["L2 pass@1"] == pytest.approx(1 / 3)
+
+    def mean_over_seeds(arm, metric, chosen):
+        return np.mean([by_levels(metric(CORRECT[(arm, s)]), chosen) for s in (0, 1)])
+
+    def fraction(correct):
+        return [c / 4 for c in correct]
+
+    def pass2_all(correct):
+        return [pass2(c) for c in correct]
+
+    pooled = summary["secondary"]["gdro_both"]["pooled pass@1"]["gain"]
+    expected = mean_over_seeds("gdro_both", fraction, (1, 2, 3))
+    assert pooled == pytest.approx(expected / mean_over_seeds("grpo", fraction, (1, 2, 3)) - 1)
+    primary = summary["primary"]["gdro_both"]["gain"]
+    expected = mean_over_seeds("gdro_both", pass2_all, (2, 3))
+    assert primary == pytest.approx(expected / mean_over_seeds("grpo", pass2_all, (2, 3)) - 1)
+    assert correct == [4, 2, 2, 2, 0, 1]
 
 
 @pytest.mark.parametrize("group", ["", *ablations.GROUPS])
