@@ -14,6 +14,14 @@ Typical use:
     print(sim.format_table(summary, num_seeds=16))
 """
 
+from gdro_jax.sim._calibrate import (
+    calibrate_learning_rate,
+    expected_pass_at_1,
+    fit_skill_logits,
+    non_increasing,
+    pass1_gain,
+    predicted_gains,
+)
 from gdro_jax.sim._config import SimConfig
 from gdro_jax.sim._experiment import EXPERIMENT_KEYS, ExperimentResult, run_experiment
 from gdro_jax.sim._grpo import RolloutStats, grpo_policy_gradient
@@ -59,6 +67,12 @@ from gdro_jax.sim._simulate import (
 from gdro_jax.tasks._config import level_counts, level_shares  # shared with the chain task
 
 __all__ = [
+    "predicted_gains",
+    "pass1_gain",
+    "non_increasing",
+    "fit_skill_logits",
+    "expected_pass_at_1",
+    "calibrate_learning_rate",
     "EXPERIMENT_KEYS",
     "FAST_COMPILE_OPTIONS",
     "METHODS",

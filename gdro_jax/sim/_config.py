@@ -41,6 +41,9 @@ class SimConfig:
       offset_std: standard deviation of the per-prompt logit offset.
       init_logit_first: warm-start logit of skill 0.
       init_logit_slope: the warm-start logit falls by this much per skill.
+      init_logits: when not empty, the L warm-start skill logits themselves (replacing
+        `init_logit_first` and `init_logit_slope`), e.g. fitted to a real warm start's pass@1
+        per level by `fit_skill_logits`; stored as a tuple.
       optimizer: "sgd" (default) or "adam" on the skill logits. SGD is the default because here
         every skill is its own coordinate: Adam's per-coordinate normalisation would rescale the
         rare late skills' small gradients to full size whatever the data, hiding the allocation
@@ -71,6 +74,7 @@ class SimConfig:
     offset_std: float = 1.0
     init_logit_first: float = 3.5
     init_logit_slope: float = 0.8
+    init_logits: tuple[float, ...] = ()
     optimizer: str = "sgd"
     learning_rate: float = 0.2
     reward_correct: float = 1.0
@@ -104,6 +108,13 @@ class SimConfig:
             raise ValueError(f"tail_base must be finite and >= 1, got tail_base={self.tail_base!r}")
         if not (math.isfinite(self.offset_std) and self.offset_std >= 0.0):
             raise ValueError(f"offset_std must be >= 0, got offset_std={self.offset_std!r}")
+        logits = tuple(float(x) for x in self.init_logits)
+        if logits and (len(logits) != self.num_levels or not all(map(math.isfinite, logits))):
+            raise ValueError(
+                f"init_logits must be empty or {self.num_levels} finite numbers (one per level), "
+                f"got init_logits={self.init_logits!r}"
+            )
+        object.__setattr__(self, "init_logits", logits)
         if not (math.isfinite(self.learning_rate) and self.learning_rate > 0.0):
             raise ValueError(
                 f"learning_rate must be finite and > 0, got learning_rate={self.learning_rate!r}"

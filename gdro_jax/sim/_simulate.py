@@ -181,7 +181,12 @@ def make_simulator(config: SimConfig, *, fast_compile: bool = False) -> Simulato
         pool = sample_prompt_set(pool_key, pool_counts_L, config.offset_std)
         heldout = sample_prompt_set(heldout_key, heldout_counts_L, config.offset_std)
         order_ED = epoch_orders(shuffle_key)
-        theta_L = initial_skill_logits(num_levels, config.init_logit_first, config.init_logit_slope)
+        if config.init_logits:
+            theta_L = jnp.asarray(config.init_logits, jnp.float32)
+        else:
+            theta_L = initial_skill_logits(
+                num_levels, config.init_logit_first, config.init_logit_slope
+            )
         state = SimState(
             theta=theta_L,
             opt_state=optimizer.init(theta_L),

@@ -1,0 +1,30 @@
+"""The simulator beside the real study (`experiments/simulate_study.py`, issue 13 item 6).
+
+The study's shape (8 levels with shares 1.5^-level, a pool of 960 prompts, 150 steps of 32
+prompts x 4 rollouts), 32 seeds per method. Not set here but fitted by the experiment, from the
+validation split only: the warm-start skill logits (from the warm start's pass@1 per level in
+`reference`) and the learning rate (GRPO's pass@1 gain there, `reference_arm`).
+
+    python -m experiments.simulate_study --config=experiments/configs/sim_study.py \\
+        --workdir=runs/sim_study
+"""
+
+import ml_collections
+
+from experiments.configs import sim_default
+
+
+def get_config() -> ml_collections.ConfigDict:
+    config = sim_default.get_config()
+    config.steps = 150
+    config.num_prompts = 32
+    config.n_mean = 4
+    config.pool_size = 960
+    config.seeds = 32
+    # What the simulator is fitted to and compared with (paths from the repository root).
+    config.reference = "results/pilot_warm260/study.json"  # validation pilots of the warm start
+    config.reference_arm = "pilot_grpo_lr1e-5"  # GRPO at the study's learning rate
+    config.study = "results/study.json"  # the real study's results (compared when present)
+    config.lr_candidates = "0.02,0.05,0.1,0.2,0.5,1.0"  # SGD step sizes tried for calibration
+    config.calibration_seeds = 8
+    return config
