@@ -282,9 +282,10 @@ def _per_problem(result: Evaluated, metric: str) -> np.ndarray:
 def level_weights(levels_P: np.ndarray) -> np.ndarray:
     """float64[P] problem weights under which every level present counts equally (mean 1).
 
-    A pooled or frontier figure is the mean over its levels of each level's mean, whatever the
-    levels' problem counts (the study's test split holds 1,000 problems on the frontier level
-    and 100 on the others); with equal counts every weight is 1 and it is the plain mean.
+    A pooled figure is the mean over the levels of each level's mean, whatever the levels'
+    problem counts (the study's test split holds 1,000 problems on level 8 and 100 on the
+    others); with equal counts every weight is 1 and it is the plain mean. Frontier figures
+    stay the mean over the frontier's problems, as the primary metric was declared.
     """
     _, index, counts = np.unique(np.asarray(levels_P), return_inverse=True, return_counts=True)
     return (len(levels_P) / (len(counts) * counts))[index]
@@ -294,13 +295,10 @@ def _figures_of(result: Evaluated, metrics: tuple[str, ...], frontier: list[int]
     out: dict[str, Any] = {}
     on_frontier = np.isin(result.levels, frontier)
     pooled_weights = level_weights(result.levels)
-    frontier_weights = level_weights(result.levels[on_frontier])
     for metric in metrics:
         values = _per_problem(result, metric)
         out[f"pooled {metric}"] = float(np.mean(values * pooled_weights))
-        out[f"frontier {metric}"] = (
-            float(np.mean(values[on_frontier] * frontier_weights)) if frontier else float("nan")
-        )
+        out[f"frontier {metric}"] = float(values[on_frontier].mean()) if frontier else float("nan")
         for level in sorted(set(result.levels.tolist())):
             out[f"L{level} {metric}"] = float(values[result.levels == level].mean())
     out["sampled_tokens"] = result.sampled_tokens
@@ -355,16 +353,18 @@ def collect(
     levels_of_primary = frontier if config.primary.levels == "frontier" else None
 
     def matrix(arm, metric, levels):
-        """[seeds, problems] values scaled by `level_weights`, so that their mean (and the
+        """[seeds, problems] values: those of `levels`' problems, or for the pooled scope
+        (`levels` None) all of them scaled by `level_weights`, so that their mean (and the
         paired gain's ratio of means) weighs every level equally."""
         rows = []
         for seed in seeds:
             result = loaded[arm][seed]
-            values, problem_levels = _per_problem(result, metric), result.levels
-            if levels is not None:
-                chosen = np.isin(problem_levels, levels)
-                values, problem_levels = values[chosen], problem_levels[chosen]
-            rows.append(values * level_weights(problem_levels))
+            values = _per_problem(result, metric)
+            if levels is None:
+                values = values * level_weights(result.levels)
+            else:
+                values = values[np.isin(result.levels, levels)]
+            rows.append(values)
         return np.stack(rows)
 
     def gain(arm, metric, levels):
