@@ -10,8 +10,9 @@
 3. Every method runs over `config.seeds` seeds (`run_experiment`: arrays, plots and the table in
    the workdir).
 4. Each method's predicted relative gain over GRPO, as the study measures it (frontier pass@8,
-   pooled and frontier pass@1), goes to `comparison.json` and is printed beside the real
-   study's (`config.study`) when that file exists.
+   pooled and frontier pass@1; frontier levels weighted by the study's test problems on each),
+   goes to `comparison.json` and is printed beside the real study's (`config.study`) when that
+   file exists.
 """
 
 import copy
@@ -25,7 +26,8 @@ from absl import flags
 from ml_collections import config_flags
 
 from experiments import _cli
-from gdro_jax import sim
+from experiments.configs import study as study_config
+from gdro_jax import sim, tasks
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Simulation config file.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Folder for the fit, arrays, plots and tables.")
@@ -122,7 +124,10 @@ def simulate_study(config: ml_collections.ConfigDict, workdir: str) -> dict:
         flush=True,
     )
     result = sim.run_experiment(sim_settings, workdir)
-    predicted = sim.predicted_gains(result.outputs, "grpo", frontier, config.eval_k)
+    # The real frontier figure is a mean over the test split's problems: weigh levels alike.
+    test_split = tasks.ChainTaskConfig(**study_config.get_config().train.task.to_dict())
+    counts = [test_split.test_count(level) for level in frontier]
+    predicted = sim.predicted_gains(result.outputs, "grpo", frontier, config.eval_k, counts)
     real = None
     if os.path.isfile(config.study):
         study = _read(config.study, "config.study")
@@ -133,6 +138,7 @@ def simulate_study(config: ml_collections.ConfigDict, workdir: str) -> dict:
         "reference": config.reference,
         "reference_arm": config.reference_arm,
         "frontier_levels": frontier,
+        "frontier_problems": counts,
         "warm_start_pass1": pass1_L,
         "init_logits": list(sim_settings.init_logits),
         "fitted_pass1": sim.expected_pass_at_1(

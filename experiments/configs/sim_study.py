@@ -3,7 +3,11 @@
 The study's shape (8 levels with shares 1.5^-level, a pool of 960 prompts, 150 steps of 32
 prompts x 4 rollouts), 32 seeds per method. Not set here but fitted by the experiment, from the
 validation split only: the warm-start skill logits (from the warm start's pass@1 per level in
-`reference`) and the learning rate (GRPO's pass@1 gain there, `reference_arm`).
+`reference`) and the learning rate (GRPO's pass@1 gain there, `reference_arm`). The reference
+is the study's own warm start and GRPO runs, evaluated on the validation split:
+
+    python -m experiments.compare --config=experiments/configs/study.py --workdir=runs/study \\
+        --config.eval.split=validation --config.run=grpo --results=results/study_validation
 
     python -m experiments.simulate_study --config=experiments/configs/sim_study.py \\
         --workdir=runs/sim_study
@@ -22,8 +26,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.pool_size = 960
     config.seeds = 32
     # What the simulator is fitted to and compared with (paths from the repository root).
-    config.reference = "results/pilot_warm260/study.json"  # validation pilots of the warm start
-    config.reference_arm = "pilot_grpo_lr1e-5"  # GRPO at the study's learning rate
+    # The study's warm start and its GRPO runs evaluated on the validation split (RESULTS.md).
+    config.reference = "results/study_validation/study.json"
+    config.reference_arm = "grpo"
     config.study = "results/study.json"  # the real study's results (compared when present)
     config.lr_candidates = "0.02,0.05,0.1,0.2,0.5,1.0"  # SGD step sizes tried for calibration
     config.calibration_seeds = 8

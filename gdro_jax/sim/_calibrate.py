@@ -127,19 +127,40 @@ def calibrate_learning_rate(
 
 
 def predicted_gains(
-    outputs: Mapping[str, SimOutput], baseline: str, frontier_levels: Sequence[int], eval_k: int
+    outputs: Mapping[str, SimOutput],
+    baseline: str,
+    frontier_levels: Sequence[int],
+    eval_k: int,
+    frontier_problems: Sequence[int] | None = None,
 ) -> dict[str, dict[str, float]]:
     """Each method's relative gain over `baseline` as the study reports it (ratio of means over
     seeds minus one): frontier pass@k, pooled pass@1 (levels weighted equally) and frontier
-    pass@1. Seeds share pools and held-out sets across methods, as the study's pairing does."""
+    pass@1. Seeds share pools and held-out sets across methods, as the study's pairing does.
+
+    Args:
+      outputs: `{method: SimOutput}` with a leading seed axis.
+      baseline: the method the gains are relative to.
+      frontier_levels: the frontier's levels (1..L).
+      eval_k: the k of `final_pass_k`.
+      frontier_problems: the real test split's problems on each frontier level: a frontier
+        figure there is a mean over problems, so each level's simulated mean is weighted by
+        them (default: equal weights).
+    """
     index = np.asarray(frontier_levels, np.int64) - 1
+    weights = np.ones(len(index)) if frontier_problems is None else np.asarray(frontier_problems)
+    if weights.shape != index.shape:
+        raise ValueError(
+            f"frontier_problems must give one count per frontier level {list(frontier_levels)}, "
+            f"got {frontier_problems!r}"
+        )
+    weights = weights / weights.sum()
 
     def figures(output: SimOutput) -> dict[str, float]:
         pass1_SL, pass_k_SL = np.asarray(output.final_pass1), np.asarray(output.final_pass_k)
         return {
-            f"frontier pass@{eval_k}": float(pass_k_SL[:, index].mean()),
+            f"frontier pass@{eval_k}": float(pass_k_SL[:, index].mean(axis=0) @ weights),
             "pooled pass@1": float(pass1_SL.mean()),
-            "frontier pass@1": float(pass1_SL[:, index].mean()),
+            "frontier pass@1": float(pass1_SL[:, index].mean(axis=0) @ weights),
         }
 
     base = figures(outputs[baseline])

@@ -114,6 +114,14 @@ def test_predicted_gains_by_hand():
     assert gains["prompt_gdro"]["pooled pass@1"] == pytest.approx((3.2 / 6) / (3.0 / 6) - 1)
     assert gains["prompt_gdro"]["frontier pass@1"] == pytest.approx(0.2 / 0.2 - 1)
     assert sim.pass1_gain(other) == pytest.approx(3.2 / 6)
+    # Frontier levels 2 and 3 with 1 and 3 real test problems: level 3 weighs 3/4.
+    weighted = sim.predicted_gains({"grpo": grpo, "o": other}, "grpo", [2, 3], 8, [1, 3])["o"]
+    base, method = 0.25 * 1 + 0.75 * 0.3, 0.25 * 1 + 0.75 * 0.45
+    assert weighted["frontier pass@8"] == pytest.approx(method / base - 1)
+    base, method = 0.25 * 0.45 + 0.75 * 0.2, 0.25 * 0.55 + 0.75 * 0.2
+    assert weighted["frontier pass@1"] == pytest.approx(method / base - 1)
+    with pytest.raises(ValueError, match="frontier_problems"):
+        sim.predicted_gains({"grpo": grpo, "o": other}, "grpo", [2, 3], 8, [1])
 
 
 def test_init_logits_replace_first_and_slope():
