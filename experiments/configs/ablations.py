@@ -6,13 +6,18 @@
 GROUP is one of the keys of `GROUPS` (default: all of them, one study). Every group keeps GRPO
 as the baseline and `prompt_gdro` / `rollout_gdro` / `gdro_both` at the study's settings as the
 reference arm, so each row reads "this change against the paper's setting". Runs of the same
-arm and seed are shared between groups when their workdir is shared.
+arm and seed are shared between groups when their workdir is shared, and with the main study's
+(`grpo` and the four methods' seeds 0-2) when it is the study's workdir: their configs are the
+study's, because the arms that set a library default the study leaves out add it (`+field`)
+rather than every arm carrying it.
+
+    python -m experiments.compare --config=experiments/configs/ablations.py \
+        --workdir=runs/study --results=results/ablations
 """
 
 import ml_collections
 
 from experiments.configs import study
-from gdro_jax.controllers import DEFAULT_EDGES
 
 PG = "method=prompt_gdro"
 RG = "method=rollout_gdro"
@@ -42,13 +47,13 @@ GROUPS = {
     # The number of difficulty bins (10 by default), for both adversaries.
     "bins": {
         "gdro_both": "method=gdro_both",
-        "both_3_bins": "method=gdro_both classifier.edges=(0.33,0.67)",
-        "both_6_bins": "method=gdro_both classifier.edges=(0.17,0.33,0.5,0.67,0.83)",
+        "both_3_bins": "method=gdro_both +classifier.edges=(0.33,0.67)",
+        "both_6_bins": "method=gdro_both +classifier.edges=(0.17,0.33,0.5,0.67,0.83)",
     },
     # The released code's Prompt-GDRO: no score clip, a negligible share floor.
     "released": {
         "prompt_gdro": PG,
-        "pg_released": f"{PG} prompt_gdro.clip=None prompt_gdro.share_floor=1e-6",
+        "pg_released": f"{PG} +prompt_gdro.clip=None +prompt_gdro.share_floor=1e-6",
     },
 }
 
@@ -63,9 +68,4 @@ def get_config(group: str = "") -> ml_collections.ConfigDict:
     config.arms = ml_collections.ConfigDict(arms)
     config.run = ",".join(arms)
     config.seeds = 3
-    # Fields the arms override that the RL config leaves to the library's defaults.
-    config.train.classifier.edges = DEFAULT_EDGES
-    config.train.prompt_gdro.share_floor = 0.02
-    # A float field that also takes None (the released code's unclipped scores).
-    config.train.prompt_gdro.clip = ml_collections.FieldReference(10.0, field_type=float)
     return config

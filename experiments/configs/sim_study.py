@@ -15,7 +15,8 @@ is the study's own warm start and GRPO runs, evaluated on the validation split:
 
 import ml_collections
 
-from experiments.configs import sim_default
+from experiments.configs import sim_default, study
+from gdro_jax import tasks
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -32,4 +33,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.study = "results/study.json"  # the real study's results (compared when present)
     config.lr_candidates = "0.02,0.05,0.1,0.2,0.5,1.0"  # SGD step sizes tried for calibration
     config.calibration_seeds = 8
+    # The study's test problems per level: the frontier's predicted figure weighs levels by them.
+    test_split = tasks.ChainTaskConfig(**study.get_config().train.task.to_dict())
+    config.test_problems = tuple(
+        test_split.test_count(level) for level in range(1, config.num_levels + 1)
+    )
     return config

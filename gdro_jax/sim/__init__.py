@@ -64,6 +64,7 @@ from gdro_jax.sim._simulate import (
     seed_keys,
     simulate,
 )
+from gdro_jax.sim._study import simulate_study
 from gdro_jax.tasks._config import level_counts, level_shares  # shared with the chain task
 
 __all__ = [
@@ -108,6 +109,7 @@ __all__ = [
     "sample_prompt_set",
     "seed_keys",
     "simulate",
+    "simulate_study",
     "success_log_prob",
     "success_log_prob_grad",
     "success_prob",

@@ -55,7 +55,9 @@ class RunSpec(NamedTuple):
 def parse_overrides(text: str, *, where: str) -> dict[str, Any]:
     """Parses `"method=prompt_gdro grpo.loss_signal=surrogate"` into a dict of dotted fields.
 
-    Values are Python literals (`1e-5`, `None`, `True`, `(3, 6)`); anything else is a string.
+    Values are Python literals (`1e-5`, `None`, `True`, `(3, 6)`); anything else is a string. A
+    field written `+prompt_gdro.clip=None` is one the config leaves out (a library default) and
+    the arm adds; its key keeps the `+` (see `apply_overrides`).
 
     Raises:
       ValueError: an item without `=`, naming `where` (e.g. `arms.grpo`).
@@ -77,13 +79,23 @@ def apply_overrides(
     config: ml_collections.ConfigDict, overrides: dict[str, Any], *, where: str
 ) -> ml_collections.ConfigDict:
     """A copy of `config` with dotted `field=value` overrides applied (types checked by the
-    ConfigDict). Raises a ValueError naming `where` and the field for an unknown field or a
-    value of the wrong type."""
+    ConfigDict). A `+field` adds a field the config does not have (its parent must exist), so
+    an arm can set a library default that the other arms leave out, and their configs (and the
+    stamps that decide which runs are done) stay those of the study. Raises a ValueError naming
+    `where` and the field for an unknown field, a `+field` that already exists, or a value of
+    the wrong type."""
     config = copy.deepcopy(config)
-    for path, value in overrides.items():
+    for key, value in overrides.items():
+        adding = key.startswith("+")
+        path = key.removeprefix("+")
         node = config
         parts = path.split(".")
         for depth, part in enumerate(parts):
+            last = depth == len(parts) - 1
+            if adding and last and isinstance(node, ml_collections.ConfigDict):
+                if part in node:
+                    raise ValueError(f"{where}: +{path}: the field exists; drop the '+'")
+                break
             if not isinstance(node, ml_collections.ConfigDict) or part not in node:
                 is_node = isinstance(node, ml_collections.ConfigDict)
                 known = ", ".join(sorted(node)) if is_node else ""

@@ -1,4 +1,4 @@
-"""The simulator fitted to a real run (`sim/_calibrate.py`, `experiments/simulate_study.py`): fits
+"""The simulator fitted to a real run (`sim/_calibrate.py`, `sim/_study.py`): fits
 checked against Monte Carlo and brute force, gains against hand computation, and the experiment
 end to end on a tiny configuration."""
 
@@ -9,7 +9,6 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 
-from experiments import simulate_study
 from experiments.configs import sim_study, sim_tiny
 from gdro_jax import sim
 
@@ -172,8 +171,14 @@ def test_simulate_study_end_to_end(tmp_path):
         study=str(tmp_path / "study.json"),
         lr_candidates="0.01,1.0",
         calibration_seeds=2,
+        test_problems=(100,) * 5 + (1000,),
     )
-    record = simulate_study.simulate_study(config, str(tmp_path / "out"))
+    wrong = config.copy_and_resolve_references()
+    wrong.test_problems = (100,) * 8  # the study's 8 levels, not this config's 6
+    with pytest.raises(ValueError, match=r"config.test_problems must give one count per level"):
+        sim.simulate_study(wrong, str(tmp_path / "wrong"))
+    record = sim.simulate_study(config, str(tmp_path / "out"))
+    assert record["frontier_problems"] == [1000]
     assert len(record["init_logits"]) == levels
     np.testing.assert_allclose(
         record["fitted_pass1"], [warm[f"L{level} pass@1"] for level in range(1, 7)], atol=1e-6

@@ -16,11 +16,13 @@ import shutil
 import subprocess
 import sys
 
+import ml_collections
 import numpy as np
 import pytest
 import safetensors.numpy
 
 from experiments.configs import ablations
+from experiments.configs import study as study_configs
 from gdro_jax import study, train
 from tests.study import _study_config
 from tests.test_notebooks import execute_notebook
@@ -274,3 +276,38 @@ def test_every_ablation_arm_builds_its_controllers(group):
         assert run.method == study.parse_overrides(config.arms[arm], where=arm)["method"]
     with pytest.raises(ValueError, match="unknown ablation group"):
         ablations.get_config("nope")
+
+
+def test_a_plus_field_adds_a_library_default_and_refuses_an_existing_one():
+    config = ml_collections.ConfigDict({"method": "grpo", "prompt_gdro": {"eta": 0.1}})
+    overrides = study.parse_overrides("+prompt_gdro.clip=None prompt_gdro.eta=0.5", where="arm")
+    assert overrides == {"+prompt_gdro.clip": None, "prompt_gdro.eta": 0.5}
+    run = study.apply_overrides(config, overrides, where="arm")
+    assert run.prompt_gdro.to_dict() == {"eta": 0.5, "clip": None}
+    assert "clip" not in config.prompt_gdro  # the study's config is left as it was
+    with pytest.raises(ValueError, match=r"arm: \+prompt_gdro.eta: the field exists"):
+        study.apply_overrides(config, {"+prompt_gdro.eta": 1.0}, where="arm")
+    with pytest.raises(ValueError, match=r"arm: unknown field 'rollout_gdro'"):
+        study.apply_overrides(config, {"+rollout_gdro.n_max": 8}, where="arm")
+    with pytest.raises(ValueError, match=r"arm: unknown field 'prompt_gdro.clip'"):
+        study.apply_overrides(config, {"prompt_gdro.clip": None}, where="arm")
+
+
+def test_ablations_share_the_study_runs_of_its_arms():
+    """The ablations' reference arms are the study's runs (same RL config and evaluation, so the
+    same stamps in a shared workdir); the changed arms carry their settings."""
+    main = study_configs.get_config()
+    config = ablations.get_config()
+    assert config.eval.to_dict() == main.eval.to_dict()
+    assert config.pretrain.to_dict() == main.pretrain.to_dict()
+    shared = set(study.arms_of(config)) & set(main.arms)
+    assert shared == {"grpo", "prompt_gdro", "rollout_gdro", "gdro_both"}
+    for arm in shared:
+        spec = study.RunSpec(arm, 2)
+        mine = study.run_config(config, spec, "warm").to_dict()
+        assert mine == study.run_config(main, spec, "warm").to_dict(), arm
+    released = study.run_config(config, study.RunSpec("pg_released", 0), "warm")
+    assert released.prompt_gdro.clip is None and released.prompt_gdro.share_floor == 1e-6
+    three = study.run_config(config, study.RunSpec("both_3_bins", 0), "warm")
+    _, prompt = train.build_controllers(three, 64)
+    assert three.classifier.edges == (0.33, 0.67) and prompt.num_bins == 3
