@@ -68,3 +68,28 @@ def test_debug_variable_brings_the_traceback_back(tmp_path):
     assert completed.returncode != 0
     assert "Traceback" in completed.stderr and "config.method" in completed.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_at_most_one_test_module_imports_an_entry_point():
+    """pytest imports every test module into each worker, and every entry point defines absl
+    flags (`--config`, `--workdir`) at import: two entry points imported by tests clash with
+    DuplicateFlagError at collection. Tests reach the others through a subprocess or the library
+    function they wrap."""
+    entry_points = {
+        path.stem
+        for path in (REPO_ROOT / "experiments").glob("*.py")
+        if "DEFINE_" in path.read_text() or "define_process_flags()" in path.read_text()
+    }
+    imported = {}
+    for test in (REPO_ROOT / "tests").rglob("test_*.py"):
+        for line in test.read_text().splitlines():
+            words = line.replace(",", " ").split()
+            if line.startswith("from experiments import "):
+                names = words[3:]
+            elif line.startswith("import experiments."):
+                names = [words[1].split(".")[1]]
+            else:
+                continue
+            for name in set(names) & entry_points:
+                imported.setdefault(name, []).append(str(test.relative_to(REPO_ROOT)))
+    assert len(imported) <= 1, imported
