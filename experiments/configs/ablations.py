@@ -50,10 +50,12 @@ GROUPS = {
         "both_3_bins": "method=gdro_both +classifier.edges=(0.33,0.67)",
         "both_6_bins": "method=gdro_both +classifier.edges=(0.17,0.33,0.5,0.67,0.83)",
     },
-    # The released code's Prompt-GDRO: no score clip, a negligible share floor.
+    # The released code's Prompt-GDRO: no score clip, a negligible share floor; and its lagged
+    # bins (each position takes the bin of the previous batch's prompt there) against ours.
     "released": {
         "prompt_gdro": PG,
         "pg_released": f"{PG} +prompt_gdro.clip=None +prompt_gdro.share_floor=1e-6",
+        "pg_lagged": f"{PG} +classifier.bins_from=previous_batch",
     },
 }
 

@@ -20,6 +20,7 @@ from gdro_jax.controllers._allocation import (
     integer_allocation,
 )
 from gdro_jax.controllers._compose import (
+    BINS_FROM,
     METHODS,
     AdversaryUpdate,
     GDROState,
@@ -54,6 +55,7 @@ from gdro_jax.controllers._rollout_gdro import (
 )
 
 __all__ = [
+    "BINS_FROM",
     "DEFAULT_EDGES",
     "METHODS",
     "STATISTICS",

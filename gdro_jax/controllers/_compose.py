@@ -32,6 +32,9 @@ class GDROState(NamedTuple):
     classifier: PassKState
     prompt: PromptGDROState | None
     rollout: RolloutGDROState | None
+    # [N] int32 under `bins_from="previous_batch"`: the bins the classifier gave the previous
+    # batch's prompts, by position (-1 before the first update); None otherwise.
+    previous_bins: jax.Array | None = None
 
 
 class Plan(NamedTuple):
@@ -49,6 +52,10 @@ class Plan(NamedTuple):
     # [B] float32 under `resample`: the probability q(b) with which each bin was drawn.
     importance: jax.Array | None = None
 
+
+# Where `plan` takes each prompt's bin from: its own classification (ours), or the classification
+# of the prompt at the same position in the previous batch (the authors' released code).
+BINS_FROM = ("prompt", "previous_batch")
 
 # The methods of the paper: which adversaries each switches on, as (Prompt-GDRO, Rollout-GDRO).
 METHODS: Mapping[str, tuple[bool, bool]] = {
@@ -111,6 +118,8 @@ def multi_adversary(
     rollout: RolloutGDRO | None = None,
     *,
     n_mean: int = 4,
+    bins_from: str = "prompt",
+    num_prompts: int | None = None,
 ) -> MultiAdversary:
     """Composes the classifier with either or both adversaries.
 
@@ -120,6 +129,14 @@ def multi_adversary(
       rollout: from `rollout_gdro`, or `None` for `n_mean` rollouts per prompt. When given, its
         `n_mean` is used.
       n_mean: rollouts per prompt when `rollout` is `None`.
+      bins_from: `"prompt"` (default): each prompt's bin is its own classification from history
+        up to the previous step (SPEC 3). `"previous_batch"`: the authors' released code, where
+        the bin at position `i` is the one the classifier gave, after its last update, the prompt
+        at position `i` of the previous batch (at the first step, the prompt's own bin). The
+        adversaries then weight, allocate and learn with those lagged bins; `p_hat` stays the
+        prompt's own. Kept for the ablation only.
+      num_prompts: N, the prompts per batch; required with `bins_from="previous_batch"`, whose
+        state holds the previous batch's N bins.
 
     With `prompt`'s `realisation="resample"` (SPEC 4), `plan` ignores the ids it is given
     except for their number N: it draws N prompts from the classifier's pool, each a bin drawn
@@ -145,15 +162,29 @@ def multi_adversary(
         n_mean = rollout.n_mean
     if n_mean < 1:
         raise ValueError(f"n_mean must be >= 1, got n_mean={n_mean!r}")
+    if bins_from not in BINS_FROM:
+        raise ValueError(f"bins_from must be one of {BINS_FROM}, got bins_from={bins_from!r}")
+    resample = prompt is not None and prompt.realisation == "resample"
+    lagged = bins_from == "previous_batch"
+    if lagged and (num_prompts is None or num_prompts < 1):
+        raise ValueError(
+            'num_prompts must be >= 1 with bins_from="previous_batch", '
+            f"got num_prompts={num_prompts!r}"
+        )
+    if lagged and resample:
+        raise ValueError(
+            'bins_from="previous_batch" does not combine with Prompt-GDRO\'s realisation='
+            '"resample": the drawn prompts have no previous batch to take bins from by position'
+        )
 
     def init() -> GDROState:
         return GDROState(
             classifier=classifier.init(),
             prompt=None if prompt is None else prompt.init(),
             rollout=None if rollout is None else rollout.init(),
+            previous_bins=jnp.full((num_prompts,), -1, jnp.int32) if lagged else None,
         )
 
-    resample = prompt is not None and prompt.realisation == "resample"
     num_dataset = classifier.num_prompts
 
     def draw(state: GDROState, num_prompts: int, key: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -177,6 +208,13 @@ def multi_adversary(
             draw_key, key = jax.random.split(key)
             prompt_ids, importance = draw(state, num_prompts, draw_key)
         bins = classifier.bins(state.classifier, prompt_ids)
+        if lagged:
+            if state.previous_bins.shape[0] != num_prompts:
+                raise ValueError(
+                    f"plan got {num_prompts} prompt ids; this multi_adversary was built "
+                    f"with num_prompts={state.previous_bins.shape[0]}"
+                )
+            bins = jnp.where(state.previous_bins >= 0, state.previous_bins, bins)
         p_hat = classifier.p_hat(state.classifier, prompt_ids)
         if rollout is None:
             num_rollouts = jnp.full((num_prompts,), n_mean, jnp.int32)
@@ -231,6 +269,9 @@ def multi_adversary(
                 num_rollouts=plan.num_rollouts,
                 valid=valid,
             )
-        return GDROState(classifier_state, prompt_state, rollout_state)
+        previous_bins = state.previous_bins
+        if lagged:
+            previous_bins = classifier.bins(classifier_state, prompt_ids)
+        return GDROState(classifier_state, prompt_state, rollout_state, previous_bins)
 
     return MultiAdversary(init=init, plan=plan, update=update, n_mean=n_mean)

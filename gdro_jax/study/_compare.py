@@ -106,7 +106,11 @@ def apply_overrides(
             if depth < len(parts) - 1:
                 node = node[part]
         try:
-            node[parts[-1]] = value
+            if adding:  # a config from `--config` is locked against new fields
+                with node.unlocked():
+                    node[parts[-1]] = value
+            else:
+                node[parts[-1]] = value
         except TypeError as error:
             raise ValueError(f"{where}: {path}={value!r}: {error}") from error
     return config

@@ -42,11 +42,11 @@ def build_controllers(
         prompt_on, rollout_on = controllers.method_adversaries(config.method)
     except ValueError as error:
         raise ValueError(f"config.{error}") from None
+    # `classifier.bins_from` (absent by default: "prompt") is read by `multi_adversary`.
+    classifier_kwargs = config.classifier.to_dict()
+    bins_from = classifier_kwargs.pop("bins_from", "prompt")
     classifier = _named(
-        "classifier",
-        controllers.passk_classifier,
-        num_dataset_prompts,
-        **config.classifier.to_dict(),
+        "classifier", controllers.passk_classifier, num_dataset_prompts, **classifier_kwargs
     )
     prompt = rollout = None
     if prompt_on:
@@ -68,7 +68,23 @@ def build_controllers(
                 **config.rollout_gdro.to_dict(),
             },
         )
-    gdro = controllers.multi_adversary(classifier, prompt, rollout, n_mean=config.n_mean)
+    if bins_from not in controllers.BINS_FROM:
+        raise ValueError(
+            f"config.classifier.bins_from must be one of {controllers.BINS_FROM}, got {bins_from!r}"
+        )
+    if bins_from == "previous_batch" and prompt is not None and prompt.realisation == "resample":
+        raise ValueError(
+            'config.classifier.bins_from="previous_batch" does not combine with '
+            'config.prompt_gdro.realisation="resample" (drawn prompts have no previous batch)'
+        )
+    gdro = controllers.multi_adversary(
+        classifier,
+        prompt,
+        rollout,
+        n_mean=config.n_mean,
+        bins_from=bins_from,
+        num_prompts=config.num_prompts,
+    )
     return gdro, prompt
 
 

@@ -180,3 +180,78 @@ def test_resample_update_divides_each_drawn_bins_loss_by_its_q():
 def test_resample_needs_a_known_realisation():
     with pytest.raises(ValueError, match="realisation must be one of"):
         controllers.prompt_gdro(10, realisation="resampled")
+
+
+# --- The released code's lagged bins -------------------------------------------------------------
+
+
+def test_previous_batch_bins_are_the_last_batchs_bins_by_position(parts):
+    """A hand loop keeps the previous batch's classification by position; the adversaries must
+    weight, allocate and learn with it (the prompt's own bin only at the first step)."""
+    classifier, prompt, rollout = parts
+    multi = controllers.multi_adversary(
+        classifier, prompt, rollout, bins_from="previous_batch", num_prompts=BATCH
+    )
+    plan_fn, update_fn = jax.jit(multi.plan), jax.jit(multi.update)
+    rng = np.random.default_rng(1)
+    state = multi.init()
+    np.testing.assert_array_equal(state.previous_bins, np.full(BATCH, -1))
+    ref_classifier, ref_prompt, ref_rollout = classifier.init(), prompt.init(), rollout.init()
+    previous = None  # the hand loop's record: bins of the last batch, position by position
+    differs = 0
+    for step in range(8):
+        ids = jnp.asarray(rng.choice(NUM_PROMPTS, BATCH, replace=False), jnp.int32)
+        key = jax.random.key(step)
+        own = np.asarray(classifier.bins(ref_classifier, ids))
+        expected_bins = own if previous is None else previous
+        differs += int(np.sum(expected_bins != own))
+        plan = plan_fn(state, ids, key)
+        np.testing.assert_array_equal(plan.bins, expected_bins)
+        np.testing.assert_allclose(plan.p_hat, classifier.p_hat(ref_classifier, ids))
+        n, _ = rollout.allocate(ref_rollout, jnp.asarray(expected_bins), plan.p_hat, key)
+        np.testing.assert_array_equal(plan.num_rollouts, n)
+        np.testing.assert_allclose(
+            plan.advantage_weights,
+            prompt.weights(ref_prompt, jnp.asarray(expected_bins), num_rollouts=n),
+            rtol=1e-6,
+        )
+        num_correct = jnp.asarray(rng.integers(0, n + 1), jnp.int32)
+        losses = 1.0 - num_correct / n
+        state = update_fn(state, plan, ids, num_correct=num_correct, losses=losses)
+        ref_classifier = classifier.update(
+            ref_classifier, ids, num_correct=num_correct, num_rollouts=n
+        )
+        ref_prompt = prompt.update(ref_prompt, jnp.asarray(expected_bins), losses=losses)
+        ref_rollout = rollout.update(
+            ref_rollout,
+            jnp.asarray(expected_bins),
+            p_hat=classifier.p_hat(ref_classifier, ids),
+            losses=losses,
+            num_correct=num_correct,
+            num_rollouts=n,
+        )
+        np.testing.assert_allclose(state.prompt.scores, ref_prompt.scores, rtol=1e-6)
+        np.testing.assert_allclose(state.rollout.variance, ref_rollout.variance, rtol=1e-6)
+        previous = np.asarray(classifier.bins(ref_classifier, ids))
+        np.testing.assert_array_equal(state.previous_bins, previous)
+    assert differs > 0, "the batches should give some position a bin other than its prompt's own"
+
+
+def test_previous_batch_bins_need_the_batch_size_and_refuse_resample(parts):
+    classifier, prompt, _ = parts
+    with pytest.raises(ValueError, match="bins_from must be one of"):
+        controllers.multi_adversary(classifier, bins_from="previous")
+    with pytest.raises(ValueError, match="num_prompts must be >= 1"):
+        controllers.multi_adversary(classifier, bins_from="previous_batch")
+    resample = controllers.prompt_gdro(classifier.num_bins, realisation="resample")
+    with pytest.raises(
+        ValueError, match='does not combine with Prompt-GDRO.s realisation="resample"'
+    ):
+        controllers.multi_adversary(
+            classifier, resample, bins_from="previous_batch", num_prompts=BATCH
+        )
+    multi = controllers.multi_adversary(
+        classifier, prompt, bins_from="previous_batch", num_prompts=BATCH
+    )
+    with pytest.raises(ValueError, match=f"plan got {BATCH + 1} prompt ids.*num_prompts={BATCH}"):
+        multi.plan(multi.init(), jnp.arange(BATCH + 1), jax.random.key(0))

@@ -280,6 +280,7 @@ def test_every_ablation_arm_builds_its_controllers(group):
 
 def test_a_plus_field_adds_a_library_default_and_refuses_an_existing_one():
     config = ml_collections.ConfigDict({"method": "grpo", "prompt_gdro": {"eta": 0.1}})
+    config.lock()  # as `--config` hands it over
     overrides = study.parse_overrides("+prompt_gdro.clip=None prompt_gdro.eta=0.5", where="arm")
     assert overrides == {"+prompt_gdro.clip": None, "prompt_gdro.eta": 0.5}
     run = study.apply_overrides(config, overrides, where="arm")
@@ -298,6 +299,7 @@ def test_ablations_share_the_study_runs_of_its_arms():
     same stamps in a shared workdir); the changed arms carry their settings."""
     main = study_configs.get_config()
     config = ablations.get_config()
+    config.lock()
     assert config.eval.to_dict() == main.eval.to_dict()
     assert config.pretrain.to_dict() == main.pretrain.to_dict()
     shared = set(study.arms_of(config)) & set(main.arms)
@@ -311,3 +313,6 @@ def test_ablations_share_the_study_runs_of_its_arms():
     three = study.run_config(config, study.RunSpec("both_3_bins", 0), "warm")
     _, prompt = train.build_controllers(three, 64)
     assert three.classifier.edges == (0.33, 0.67) and prompt.num_bins == 3
+    lagged = study.run_config(config, study.RunSpec("pg_lagged", 0), "warm")
+    gdro, _ = train.build_controllers(lagged, 64)
+    assert gdro.init().previous_bins.shape == (lagged.num_prompts,)

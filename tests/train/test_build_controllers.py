@@ -40,3 +40,20 @@ def test_rollout_gdro_proxy_and_shadow_price_use_the_configs_reward_values(rewar
     expected = scale * max(np.mean(p * (1 - p)), VARIANCE_FLOOR)
     assert bool(state.rollout.seen[0])
     assert float(state.rollout.variance[0]) == pytest.approx(expected, rel=1e-5)
+
+
+def test_classifier_bins_from_reaches_multi_adversary_and_bad_values_name_the_field():
+    config = tiny_config("prompt_gdro", **{"classifier.bins_from": "previous_batch"})
+    gdro, _ = train.build_controllers(config, NUM_DATASET_PROMPTS)
+    state = gdro.init()
+    np.testing.assert_array_equal(state.previous_bins, np.full(config.num_prompts, -1))
+    assert train.build_controllers(tiny_config("prompt_gdro"), 64)[0].init().previous_bins is None
+    config = tiny_config("prompt_gdro", **{"classifier.bins_from": "last_batch"})
+    with pytest.raises(ValueError, match=r"config\.classifier\.bins_from must be one of"):
+        train.build_controllers(config, NUM_DATASET_PROMPTS)
+    config = tiny_config(
+        "prompt_gdro",
+        **{"classifier.bins_from": "previous_batch", "prompt_gdro.realisation": "resample"},
+    )
+    with pytest.raises(ValueError, match=r"config\.classifier\.bins_from=.*does not combine"):
+        train.build_controllers(config, NUM_DATASET_PROMPTS)
