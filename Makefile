@@ -32,9 +32,10 @@ study: $(RUNTIME)
 sim: $(RUNTIME)
 	$(PY) -m experiments.simulate_controllers --config=experiments/configs/sim_default.py --workdir=runs/sim_demo
 
-# Two pytest workers (pytest-xdist), each taking whole files, so a module's fixtures are built once.
+# Two pytest workers (pytest-xdist), each taking whole files, so a module's fixtures are built once;
+# in collection order (tests/conftest.py puts the longest files first), not by test count.
 test: $(TESTING)
-	$(PY) -m pytest -q -n 2 --dist loadfile tests
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder tests
 
 lint: $(TESTING)
 	$(VENV)/bin/ruff check .
