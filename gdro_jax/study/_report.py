@@ -201,9 +201,12 @@ def plot_heldout(summary: dict) -> Figure:
         for name in summary["warm_start"]
         if name.endswith(f" pass@{k}") and name.startswith("L")
     )
-    fig = Figure(figsize=(11, 3.6))
-    left, right = fig.subplots(1, 2, width_ratios=(2, 1))
     rows = ["warm_start", *arms]
+    legend_columns = min(len(rows), 8)
+    legend_rows = -(-len(rows) // legend_columns)
+    # Constrained layout keeps the legend below both panels, however many arms there are.
+    fig = Figure(figsize=(11, 3.6 + 0.25 * legend_rows), layout="constrained")
+    left, right = fig.subplots(1, 2, width_ratios=(2, 1))
     width = 0.8 / len(rows)
     labels = [f"L{lv}" for lv in levels] + ["pooled", "frontier"]
     names = [f"L{lv} pass@{k}" for lv in levels] + [f"pooled pass@{k}", f"frontier pass@{k}"]
@@ -223,7 +226,12 @@ def plot_heldout(summary: dict) -> Figure:
         ylabel=f"held-out pass@{k}",
         title="Per level (bars: mean over seeds, whiskers: min-max)",
     )
-    left.legend(fontsize=7, ncol=len(rows))
+    fig.legend(
+        *left.get_legend_handles_labels(),
+        loc="outside lower center",
+        fontsize=7,
+        ncol=legend_columns,
+    )
     primary = {arm: g for arm, g in summary["primary"].items() if g is not None}
     for y, g in enumerate(primary.values()):
         right.errorbar(
@@ -240,7 +248,6 @@ def plot_heldout(summary: dict) -> Figure:
         xlabel=f"relative gain over {summary['baseline']} (%)",
         title=f"Primary: frontier {metric}, 95% CI",
     )
-    fig.tight_layout()
     return fig
 
 
