@@ -32,10 +32,9 @@ study: $(RUNTIME)
 sim: $(RUNTIME)
 	$(PY) -m experiments.simulate_controllers --config=experiments/configs/sim_default.py --workdir=runs/sim_demo
 
-# Two pytest workers (pytest-xdist), each taking whole files, so a module's fixtures are built once;
-# in collection order (tests/conftest.py puts the longest files first), not by test count.
+# Two pytest workers (pytest-xdist), each taking whole files, so a module's fixtures are built once.
 test: $(TESTING)
-	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder tests
+	$(PY) -m pytest -q -n 2 --dist loadfile tests
 
 lint: $(TESTING)
 	$(VENV)/bin/ruff check .

@@ -6,10 +6,6 @@ The cache (`JAX_COMPILATION_CACHE_DIR`, a temporary folder unless already set) i
 pytest-xdist workers and every subprocess a test starts: many tests build the same tiny runs, and
 a program compiled once (those over jax's 1 s threshold) is loaded from it afterwards (about a
 sixth of the trainer tests' time). It changes no result: a loaded executable is the compiled one.
-
-`make test` runs two workers that take whole files (`--dist loadfile --no-loadscope-reorder`):
-the longest files are collected first (`HEAVY_FIRST`), so the many short ones fill the gaps at
-the end and both workers finish together, instead of one long file running alone last.
 """
 
 import atexit
@@ -35,29 +31,6 @@ jax.config.update("jax_numpy_rank_promotion", "allow")
 import pytest  # noqa: E402
 
 from gdro_jax import data  # noqa: E402
-
-
-# The files that take longest on 2 cores (their fixtures start processes or train), longest
-# first. Only the order of the run depends on it: a file missing here runs after these.
-HEAVY_FIRST = (
-    "tests/train/test_multiprocess.py",
-    "tests/train/test_resume.py",
-    "tests/test_experiments_evaluate.py",
-    "tests/test_readme.py",
-    "tests/train/test_learning.py",
-    "tests/train/test_step.py",
-    "tests/test_notebooks.py",
-    "tests/train/test_bad_input.py",
-    "tests/study/test_compare.py",
-)
-
-
-def pytest_collection_modifyitems(config, items):
-    """Collects the files of `HEAVY_FIRST` first, in its order (a stable sort: the tests of a
-    file, and the other files, keep their order)."""
-    del config
-    rank = {path: i for i, path in enumerate(HEAVY_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
 
 
 @pytest.fixture(scope="session")
