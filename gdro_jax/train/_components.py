@@ -68,23 +68,19 @@ def build_controllers(
                 **config.rollout_gdro.to_dict(),
             },
         )
-    if bins_from not in controllers.BINS_FROM:
-        raise ValueError(
-            f"config.classifier.bins_from must be one of {controllers.BINS_FROM}, got {bins_from!r}"
+    try:
+        gdro = controllers.multi_adversary(
+            classifier,
+            prompt,
+            rollout,
+            n_mean=config.n_mean,
+            bins_from=bins_from,
+            num_prompts=config.num_prompts,
         )
-    if bins_from == "previous_batch" and prompt is not None and prompt.realisation == "resample":
-        raise ValueError(
-            'config.classifier.bins_from="previous_batch" does not combine with '
-            'config.prompt_gdro.realisation="resample" (drawn prompts have no previous batch)'
-        )
-    gdro = controllers.multi_adversary(
-        classifier,
-        prompt,
-        rollout,
-        n_mean=config.n_mean,
-        bins_from=bins_from,
-        num_prompts=config.num_prompts,
-    )
+    except ValueError as error:
+        if str(error).startswith("bins_from"):  # the one field it reads from config.classifier
+            raise ValueError(f"config.classifier.{error}") from None
+        raise
     return gdro, prompt
 
 
