@@ -6,6 +6,13 @@ The cache (`JAX_COMPILATION_CACHE_DIR`, a temporary folder unless already set) i
 pytest-xdist workers and every subprocess a test starts: many tests build the same tiny runs, and
 a program compiled once (those over jax's 1 s threshold) is loaded from it afterwards (about a
 sixth of the trainer tests' time). It changes no result: a loaded executable is the compiled one.
+
+XLA's backend (LLVM) optimisation level is 0 unless `XLA_FLAGS` sets one: the tests' tiny programs
+are mostly compiled to run a few times, and LLVM's passes are most of their compile time (the
+suite's CPU time falls by a fifth). Every process of the suite compiles at that level, the ones
+tests start too (`XLA_FLAGS` is inherited): the level changes the last bits of float results,
+and several tests compare a run in this process with one in another bit for bit.
+`tests/test_readme.py` runs the README's commands at level 1 instead (see there).
 """
 
 import atexit
@@ -16,7 +23,10 @@ import tempfile
 # Must be set before jax is imported anywhere in the test session.
 _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
-    os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()
+    _flags += " --xla_force_host_platform_device_count=8"
+if "xla_backend_optimization_level" not in _flags:
+    _flags += " --xla_backend_optimization_level=0"
+os.environ["XLA_FLAGS"] = _flags.strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # the first process to load this file: xdist's
     _cache = tempfile.mkdtemp(prefix="gdro-jax-test-compile-cache-")  # controller, or pytest

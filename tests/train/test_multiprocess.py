@@ -66,7 +66,8 @@ def _command(workdir, *flags):
 
 def _env(cache, devices, **hooks):
     env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f]
+    env["XLA_FLAGS"] = " ".join([*flags, f"--xla_force_host_platform_device_count={devices}"])
     env.update(JAX_PLATFORMS="cpu", **cache)
     env.update({name: str(value) for name, value in hooks.items()})
     return env
