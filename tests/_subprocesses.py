@@ -1,5 +1,6 @@
 """Helpers of the tests that start real processes (resume, several processes, evaluation)."""
 
+import os
 import socket
 import subprocess
 
@@ -26,3 +27,15 @@ def stop(process: subprocess.Popen) -> None:
     if process.poll() is None:
         process.kill()
         process.wait()
+
+
+def xla_flags(**settings: object) -> str:
+    """This process's `XLA_FLAGS` with each named flag replaced by `--name=value`, or dropped
+    when the value is None (for the environment of a process a test starts)."""
+    flags = [
+        flag
+        for flag in os.environ.get("XLA_FLAGS", "").split()
+        if flag.lstrip("-").split("=")[0] not in settings
+    ]
+    flags += [f"--{name}={value}" for name, value in settings.items() if value is not None]
+    return " ".join(flags)

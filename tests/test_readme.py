@@ -23,6 +23,7 @@ from typing import NamedTuple
 import pytest
 
 from gdro_jax import data
+from tests._subprocesses import xla_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -89,9 +90,9 @@ def _env() -> dict[str, str]:
     21 s), and level 1 compiles the training commands as fast as level 0. Nothing here is
     compared bit for bit with another process."""
     env = dict(os.environ, JAX_PLATFORMS="cpu", MPLBACKEND="Agg")
-    flags = env.get("XLA_FLAGS", "").split()
-    kept = [f for f in flags if "host_platform_device_count" not in f and "optimization" not in f]
-    env["XLA_FLAGS"] = " ".join([*kept, "--xla_backend_optimization_level=1"])
+    env["XLA_FLAGS"] = xla_flags(
+        xla_force_host_platform_device_count=None, xla_backend_optimization_level=1
+    )
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     return env
 

@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from tests._subprocesses import finish, free_port
+from tests._subprocesses import finish, free_port, xla_flags
 
 pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -65,9 +65,7 @@ def _command(workdir, *flags):
 
 
 def _env(cache, devices, **hooks):
-    env = dict(os.environ)
-    flags = [f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f]
-    env["XLA_FLAGS"] = " ".join([*flags, f"--xla_force_host_platform_device_count={devices}"])
+    env = dict(os.environ, XLA_FLAGS=xla_flags(xla_force_host_platform_device_count=devices))
     env.update(JAX_PLATFORMS="cpu", **cache)
     env.update({name: str(value) for name, value in hooks.items()})
     return env
