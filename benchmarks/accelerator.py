@@ -25,7 +25,7 @@ update also runs the reference policy's forward pass), scanned layers; plus rema
 an 80 GB chip would hold about one 1024-token slot per mini-batch (about 12.6 GiB of activations
 each, next to some 62 GiB of state, gradients and the update's new state).
 
-  update   the trainer's jitted update (`train.make_update`, state donated) on synthetic
+  update   the trainer's jitted update (`step.make_update`, state donated) on synthetic
            rollouts: 8 prompts x 4 rollouts = 32 slots of 256 prompt + 768 completion tokens,
            4 optimizer mini-batches of 8 slots (8,192 tokens each).
            MFU = model FLOPs / (median seconds x peak dense bf16 FLOP/s), with
@@ -82,9 +82,8 @@ from absl import app, flags, logging
 from flax import nnx
 
 from experiments.configs import paper_qwen3
-from gdro_jax import models, train
+from gdro_jax import configs, models, step
 from gdro_jax.sampling import generate
-from gdro_jax.train._components import num_bins
 
 _SHAPE = flags.DEFINE_enum(
     "shape", "qwen3_1p7b", ["qwen3_1p7b", "tiny"], "Model and work sizes (tiny: CPU smoke run)."
@@ -172,6 +171,8 @@ def run_config(shape: Shape) -> ml_collections.ConfigDict:
     config.n_mean = shape.update.rollouts
     config.max_new_tokens = shape.update.new_tokens
     config.grpo.num_minibatches = shape.minibatches
+    config.mesh.update(data=1, fsdp=1, tensor=1)  # one chip
+    config.task_kind = "chain"  # synthetic rollouts stand in for the math task's (no tokenizer)
     return config
 
 
@@ -245,18 +246,19 @@ def bench_update(
 ) -> dict:
     """The trainer's jitted update on synthetic rollouts. Donates (deletes) `model`'s parameters."""
     work, c = shape.update, model.config
-    grpo = train.GRPOConfig(**config.grpo.to_dict())
-    tx = train.make_optimizer(config.optimizer)
-    gdro, prompt_adversary = train.build_controllers(config, DATASET_PROMPTS)
+    settings = configs.read_run_config(config, num_devices=1)
+    grpo = settings.grpo
+    tx = configs.make_optimizer(settings.optimizer)
+    gdro, prompt_adversary = configs.build_controllers(settings.config, DATASET_PROMPTS)
     reference = grpo.kl_coef > 0
-    graphdef, state = train.init_train_state(model, tx, gdro, seed=0, with_reference=reference)
-    update_fn = train.make_update(
+    graphdef, state = step.init_train_state(model, tx, gdro, seed=0, with_reference=reference)
+    update_fn = step.make_update(
         graphdef,
         tx,
         gdro,
         grpo,
         num_prompts=work.prompts,
-        num_bins=num_bins(config),
+        num_bins=settings.num_bins,
         prompt_adversary=prompt_adversary,
     )
     update = jax.jit(update_fn, donate_argnums=0)  # as build_run jits it, without a mesh
@@ -266,7 +268,7 @@ def bench_update(
     slots = int(plan.prompt_of_slot.shape[0])
     rng = np.random.default_rng(1)
     rewards_R = rng.choice(np.array([-1.0, 1.0], np.float32), slots)
-    rollouts = train.Rollouts(
+    rollouts = step.Rollouts(
         prompt_tokens=prompts_NP[plan.prompt_of_slot],
         prompt_lengths=lengths_N[plan.prompt_of_slot],
         tokens=rng.integers(1, c.vocab_size, (slots, work.new_tokens), dtype=np.int32),
@@ -279,11 +281,11 @@ def bench_update(
     rollouts = jax.device_put(rollouts, jax.devices()[0])
     carry = [state]
 
-    def step():
+    def update_step():
         carry[0], metrics = update(carry[0], plan, prompt_ids_N, rollouts)
         return carry[0], metrics
 
-    timing = _timed({"update": step}, repeats)["update"]
+    timing = _timed({"update": update_step}, repeats)["update"]
     seq_len = work.prompt_len + work.new_tokens
     flops = update_model_flops(c, matmul_weights, slots=slots, seq_len=seq_len, reference=reference)
     flops_per_s = flops / timing["median_s"]
@@ -480,7 +482,9 @@ def main(argv: list[str]) -> None:
 
     shape = SHAPES[_SHAPE.value]
     config = run_config(shape)
-    model = models.init_decoder(models.DecoderConfig(**config.model.to_dict()), seed=config.seed)
+    model = models.init_decoder(
+        models.DecoderConfig.from_dict(config.model.to_dict()), seed=config.seed
+    )
     param_count = sum(leaf.size for leaf in jax.tree.leaves(nnx.state(model, nnx.Param)))
     matmul_weights = matmul_weight_count(model)
     repeats = _REPEATS.value

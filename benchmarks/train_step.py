@@ -19,10 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments.configs import tiny_cpu
-from gdro_jax import train
+from gdro_jax import step, train
 
 
-def _controller_update_seconds(run: train.Run, state: train.TrainState, repeats: int = 50):
+def _controller_update_seconds(run: train.Run, state: step.TrainState, repeats: int = 50):
     """Median time of the controllers' state transitions alone, jitted, at the run's shapes."""
     num_prompts = run.config.num_prompts
     ids = jnp.asarray(next(run.prompt_batches), jnp.int32)

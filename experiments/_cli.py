@@ -13,6 +13,8 @@ import sys
 
 from absl import app, flags, logging
 
+from gdro_jax import runtime
+
 DEBUG_ENV = "GDRO_DEBUG"
 # What the library raises for bad input (it names the field, the value and the fix).
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError)
@@ -76,10 +78,8 @@ def define_process_flags() -> None:
 def join_processes() -> bool:
     """Joins a multi-process run (the flags, or a SLURM job / TPU slice), before any device is
     touched; nothing for one process. True when several processes run."""
-    from gdro_jax import train  # noqa: PLC0415 (jax starts its backends no earlier than needed)
-
     values = flags.FLAGS
-    return train.initialize_distributed(
+    return runtime.initialize(
         values.coordinator_address,
         values.num_processes,
         values.process_id,

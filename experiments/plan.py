@@ -5,7 +5,7 @@
 
 Prints a table per device (parameters, AdamW moments, the KL reference, the rollout's KV cache
 and other buffers, the update's temporaries, the total and the budget) from `jax.eval_shape` and
-the compiled rollout and update (`gdro_jax.train.memory_plan`). With `device_memory_gib` set it
+the compiled rollout and update (`gdro_jax.planner.memory_plan`). With `device_memory_gib` set it
 also searches the largest `rollout.micro_batch_slots` and `grpo.micro_batch_slots` that fit, and
 exits with status 1 and a line naming the knob to turn when the plan does not fit.
 
@@ -23,7 +23,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from experiments import _cli
-from gdro_jax import train
+from gdro_jax import planner
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file.")
 flags.mark_flags_as_required(["config"])
@@ -42,7 +42,7 @@ def main(argv):
     sizes = [config.mesh[axis] for axis in ("data", "fsdp", "tensor")]
     if all(isinstance(size, int) and size > 0 for size in sizes):  # else the plan names the field
         _fake_cpu_devices(math.prod(sizes))
-    plan = train.memory_plan(config, train.planning_mesh(config), suggest=True)
+    plan = planner.memory_plan(config, planner.planning_mesh(config), suggest=True)
     print(plan.table())
     if not plan.fits:
         print(f"error: {plan.error()}", file=sys.stderr)

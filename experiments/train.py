@@ -22,7 +22,7 @@ from absl import flags, logging
 from ml_collections import config_flags
 
 from experiments import _cli
-from gdro_jax import train
+from gdro_jax import runtime, train
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file.")
 _WORKDIR = flags.DEFINE_string(
@@ -41,7 +41,7 @@ def main(argv):
     except train.TrainingInterrupted as stop:
         logging.warning("%s", stop)
         sys.exit(128 + stop.signum)
-    if train.is_primary():
+    if runtime.is_primary():
         print(train.describe_outputs(result, _WORKDIR.value))
 
 

@@ -26,18 +26,17 @@ def task(test_per_level: int | tuple[int, ...] = 100) -> ml_collections.ConfigDi
     )
 
 
-def model() -> ml_collections.ConfigDict:
-    """A 0.79M-parameter Qwen3-shaped policy over the task's 18 symbols (4 layers, GQA 4/2)."""
-    return ml_collections.ConfigDict(
-        dict(
-            vocab_size=18,
-            d_model=128,
-            num_layers=4,
-            num_heads=4,
-            num_kv_heads=2,
-            head_dim=32,
-            mlp_dim=384,
-            rope_theta=10_000.0,
-            max_position_embeddings=128,
-        )
+def model() -> dict:
+    """A 0.79M-parameter Qwen3-shaped policy over the task's 18 symbols (4 layers, GQA 4/2); the
+    other architecture fields keep `DecoderConfig`'s defaults."""
+    return dict(
+        vocab_size=18,
+        d_model=128,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        mlp_dim=384,
+        rope_theta=10_000.0,
+        max_position_embeddings=128,
     )

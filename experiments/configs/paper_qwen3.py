@@ -7,7 +7,8 @@ lr 1e-6, rewards +-1, two optimizer mini-batches of 128 prompts per step, clip-h
 (0.2 / 0.28), the KL term at 0.001, no dynamic sampling and no overlong shaping; the
 controllers use the paper's defaults (10 pass@k bins; Prompt-GDRO eta 0.65, gamma 0.01, EMA
 0.12, share normalisation, weight cap 15; Rollout-GDRO n in [2, 12] by the square-root rule).
-Evaluation: 8 samples at T=0.6, top-p 0.8, top-k 20 on the six benchmarks.
+Evaluation (`python -m experiments.evaluate`, whose defaults are the paper's): 8 samples at
+T=0.6, top-p 0.8, top-k 20 on the six benchmarks.
 
 They are meant for GPU/TPU meshes: point `init_from` at the HF folder of the base model (with
 its tokenizer) and set the mesh to the devices, e.g.
@@ -20,27 +21,20 @@ Settings the paper does not state are marked "not in the paper" and follow commo
 practice.
 """
 
-import dataclasses
-
 import ml_collections
 
-from experiments.configs import controller_defaults
-from gdro_jax import models
+from gdro_jax import configs, models
 
 SIZES = {"1p7b": "qwen3_1p7b", "4b": "qwen3_4b", "8b": "qwen3_8b"}
-BENCHMARKS = "math500,aime24,aime25,amc23,minerva_math,olympiadbench"
 
 
 def paper_config(size: str) -> ml_collections.ConfigDict:
     """The paper's settings for Qwen3-Base of `size` (`"1p7b"`, `"4b"` or `"8b"`)."""
     if size not in SIZES:
         raise ValueError(f"size must be one of {sorted(SIZES)}, got size={size!r}")
-    config = ml_collections.ConfigDict()
+    config = configs.run_config()  # every field; the controllers' defaults are the paper's
     config.method = "grpo"  # grpo | prompt_gdro | rollout_gdro | gdro_both
     config.steps = 1000
-    config.seed = 0
-    config.progress = True
-    config.tensorboard = True
     config.num_prompts = 256
     config.n_mean = 4
     config.max_new_tokens = 4096
@@ -49,85 +43,51 @@ def paper_config(size: str) -> ml_collections.ConfigDict:
     # GiB for all 1024 (python -m gdro_jax.models.footprint --batch 128 --seq-len 5120), next to
     # 4.5 GiB for the 256 prompts' shared prefill. Per-slot keys make the completions the same
     # for any value (up to the matmuls' rounding at another batch size): resumable.
-    config.rollout = ml_collections.ConfigDict(dict(micro_batch_slots=128))
-    config.reward_values = (-1.0, 1.0)
+    config.rollout.micro_batch_slots = 128
     config.task_kind = "math"
-    config.math = ml_collections.ConfigDict(
-        dict(
-            preset="dapo_math_en",
-            data_dir="",  # empty: $GDRO_DATA_DIR, else ../shared/data
-            limit=0,  # 0: every row; N: the first N (smoke tests)
-            chat_template=True,  # the problem + the authors' suffix as one user message
-            max_prompt_tokens=1024,  # not in the paper
-            on_long_prompt="skip",  # skip and count longer prompts ("raise" to fail instead)
-            eos_tokens=("<|im_end|>", "<|endoftext|>"),
-            grader_workers=16,  # not in the paper: one per host core is plenty
-            grader_timeout_s=5.0,  # not in the paper
-        )
+    config.math.update(
+        preset="dapo_math_en",
+        data_dir="",  # empty: $GDRO_DATA_DIR, else ../shared/data
+        limit=0,  # 0: every row; N: the first N (smoke tests)
+        chat_template=True,  # the problem + the authors' suffix as one user message
+        max_prompt_tokens=1024,  # not in the paper
+        on_long_prompt="skip",  # skip and count longer prompts ("raise" to fail instead)
+        grader_workers=16,  # not in the paper: one per host core is plenty
+        grader_timeout_s=5.0,  # not in the paper
     )
     # The policy: the base model's HF folder (required for a real run; its tokenizer is used).
     config.init_from = ""
     config.tokenizer = ""  # empty: the tokenizer in init_from
     preset = getattr(models.DecoderConfig, SIZES[size])()
-    config.model = ml_collections.ConfigDict(dataclasses.asdict(preset))
+    config.model.update(preset.to_dict())
     # Mixed precision: float32 master weights and Adam moments, bfloat16 matmuls and KV cache;
     # norms, softmax, log-probs and the loss stay float32. Not in the paper: remat (each block's
     # activations recomputed in the backward pass), without which no update micro-batch of the
     # 8B model fits 80 GiB devices (python -m experiments.plan).
     config.model.update(param_dtype="float32", compute_dtype="bfloat16", remat=True)
-    config.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=8, tensor=1))
-    # Memory per device in GiB: build_run refuses a run whose memory plan exceeds it before
-    # allocating, naming the knob (python -m experiments.plan prints the plan). None (a float
-    # placeholder, so that --config.device_memory_gib=80 parses): no check.
-    config.device_memory_gib = ml_collections.config_dict.placeholder(float)
-    # Checkpoints in workdir/checkpoints: every K steps, at the last step and on SIGTERM/Ctrl-C;
-    # the newest `keep` are kept (each holds params, both Adam moments and the reference).
-    config.checkpoint = ml_collections.ConfigDict(dict(enabled=True, every_steps=25, keep=3))
-    config.optimizer = ml_collections.ConfigDict(
-        dict(
-            learning_rate=1e-6,
-            warmup_steps=0,
-            b1=0.9,
-            b2=0.999,
-            eps=1e-8,
-            weight_decay=0.01,  # not in the paper
-            grad_clip=1.0,  # not in the paper
-        )
+    config.mesh.update(data=1, fsdp=8, tensor=1)
+    # Checkpoints every 25 steps, the newest 3 kept (each holds params, both Adam moments and
+    # the reference).
+    config.checkpoint.update(enabled=True, every_steps=25, keep=3)
+    config.optimizer.update(
+        learning_rate=1e-6,
+        weight_decay=0.01,  # not in the paper
+        grad_clip=1.0,  # not in the paper
     )
-    config.grpo = ml_collections.ConfigDict(
-        dict(
-            num_minibatches=2,  # 256 prompts in mini-batches of 128
-            eps_low=0.2,
-            eps_high=0.28,
-            aggregation="token_mean",
-            kl_coef=0.001,
-            normalize_std=True,
-            advantage_estimator="sample",  # the released code's (verl) N-1 std
-            advantage_clip=5.0,
-            loss_signal="surrogate",  # the released code's; "surrogate_kl" is the written one
-            temperature=1.0,
-            # Not in the paper: gradient accumulation over micro-batches of 16 of the 512 slots of
-            # a mini-batch, 2 per device on the 8 batch shards (data x fsdp), so the update holds
-            # the activations of 2 x (1024 + 4096) tokens per device instead of 64 x that. The
-            # same update up to float rounding (resumable).
-            micro_batch_slots=16,
-            # Not in the paper: the output projection 1024 positions at a time (recomputed in the
-            # backward pass), so the float32 logits of a pass hold 1024 of the 5120 positions
-            # (2 slots x 1024 x 151,936 x 4 bytes = 1.2 GiB per device instead of 5.8).
-            logprob_chunk_tokens=1024,
-        )
-    )
-    config.guards = controller_defaults.guards()
-    config.reward_timeout_s = 0.0  # host rewards: seconds before a hung call stops the run
-    config.update(controller_defaults.controllers())  # the paper's defaults (SPEC 3-5)
-    config.eval = ml_collections.ConfigDict(
-        dict(
-            benchmarks=BENCHMARKS,
-            num_samples=8,
-            temperature=0.6,
-            top_p=0.8,
-            top_k=20,
-            max_new_tokens=4096,
-        )
+    config.grpo.update(
+        num_minibatches=2,  # 256 prompts in mini-batches of 128
+        eps_low=0.2,
+        eps_high=0.28,
+        kl_coef=0.001,
+        loss_signal="surrogate",  # the released code's; "surrogate_kl" is the written one
+        # Not in the paper: gradient accumulation over micro-batches of 16 of the 512 slots of
+        # a mini-batch, 2 per device on the 8 batch shards (data x fsdp), so the update holds
+        # the activations of 2 x (1024 + 4096) tokens per device instead of 64 x that. The
+        # same update up to float rounding (resumable).
+        micro_batch_slots=16,
+        # Not in the paper: the output projection 1024 positions at a time (recomputed in the
+        # backward pass), so the float32 logits of a pass hold 1024 of the 5120 positions
+        # (2 slots x 1024 x 151,936 x 4 bytes = 1.2 GiB per device instead of 5.8).
+        logprob_chunk_tokens=1024,
     )
     return config

@@ -21,34 +21,25 @@ Re-check it after any change to the model or training code. `task` and `model` c
 import ml_collections
 
 from experiments.configs import chain_setup
+from gdro_jax import configs
 
 
 def get_config() -> ml_collections.ConfigDict:
-    config = ml_collections.ConfigDict()
+    config = configs.pretrain_config()  # every field of the warm-start schema
     config.seed = 0  # parameter initialisation
-    config.progress = True
     # The task and the policy shape: shared with the other config (see chain_setup.py).
     config.task = chain_setup.task()
-    config.model = chain_setup.model()
-    config.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=1))
-    config.train = ml_collections.ConfigDict(
-        dict(
-            steps=240,
-            batch_size=128,
-            learning_rate=2e-3,
-            warmup_steps=20,
-            end_lr_fraction=0.0,
-            b1=0.9,
-            b2=0.999,
-            eps=1e-8,
-            weight_decay=0.0,
-            grad_clip=1.0,
-            tail_base=1.9,  # warm-start level shares 1.9^-level (the RL pool keeps task.tail_base)
-            data_seed=0,
-        )
+    config.model.update(chain_setup.model())
+    config.train.update(
+        steps=240,
+        batch_size=128,
+        learning_rate=2e-3,
+        warmup_steps=20,
+        end_lr_fraction=0.0,
+        grad_clip=1.0,
+        tail_base=1.9,  # warm-start level shares 1.9^-level (the RL pool keeps task.tail_base)
+        data_seed=0,
     )
-    config.eval = ml_collections.ConfigDict(
-        dict(num_samples=8, temperature=1.0, top_p=1.0, top_k=0, batch_size=32, seed=0)
-    )
-    config.frontier = ml_collections.ConfigDict(dict(easiest_min_pass1=0.8, hardest_max_pass1=0.05))
+    config.eval.update(num_samples=8, temperature=1.0, top_p=1.0, top_k=0, batch_size=32, seed=0)
+    config.frontier.update(easiest_min_pass1=0.8, hardest_max_pass1=0.05)
     return config

@@ -7,8 +7,13 @@ and replicated leaves of a sharded train state.
 - `passk_classifier`: the online difficulty classifier (prompts into pass@k bins).
 - `prompt_gdro`: the data adversary (exponential weights over bins, advantage multipliers).
 - `rollout_gdro`: the compute adversary (rollouts per prompt under a fixed total).
-- `multi_adversary`: threads all three through one plan/update pair; `METHODS` names the four
-  combinations (GRPO, Prompt-GDRO, Rollout-GDRO, both).
+- `multi_adversary`: threads all three through one plan/update pair.
+- `METHODS`: the training methods as `Method` records (GRPO, Prompt-GDRO, Rollout-GDRO, both),
+  each naming the part behind each decision of a step; the trainer, the simulator, the study and
+  the command line read them.
+
+This package imports jax, chex and numpy only (no other gdro_jax package), so the controllers
+can be reused in any JAX training loop, as optax's transformations are.
 
 Observations are keyword-only everywhere (`num_correct=`, `num_rollouts=`, `losses=`), typed
 by the `...Update` Protocols, as optax types `GradientTransformation`.
@@ -21,14 +26,20 @@ from gdro_jax.controllers._allocation import (
 )
 from gdro_jax.controllers._compose import (
     BINS_FROM,
-    METHODS,
     AdversaryUpdate,
     GDROState,
     MultiAdversary,
     Plan,
-    method_adversaries,
     multi_adversary,
     slots_from_counts,
+)
+from gdro_jax.controllers._methods import (
+    DECISIONS,
+    METHODS,
+    PARTS,
+    Method,
+    get_method,
+    method_adversaries,
 )
 from gdro_jax.controllers._passk import (
     DEFAULT_EDGES,
@@ -56,13 +67,16 @@ from gdro_jax.controllers._rollout_gdro import (
 
 __all__ = [
     "BINS_FROM",
+    "DECISIONS",
     "DEFAULT_EDGES",
     "METHODS",
+    "PARTS",
     "STATISTICS",
     "AdversaryUpdate",
     "AllocationInfo",
     "ClassifierUpdate",
     "GDROState",
+    "Method",
     "MultiAdversary",
     "PassKClassifier",
     "PassKState",
@@ -76,6 +90,7 @@ __all__ = [
     "RolloutGDROUpdate",
     "arms_allocation",
     "continuous_allocation",
+    "get_method",
     "integer_allocation",
     "method_adversaries",
     "multi_adversary",

@@ -14,7 +14,7 @@ Either adversary may be left out (`None`): then advantages are unweighted and/or
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
 import jax
@@ -56,21 +56,6 @@ class Plan(NamedTuple):
 # Where `plan` takes each prompt's bin from: its own classification (ours), or the classification
 # of the prompt at the same position in the previous batch (the authors' released code).
 BINS_FROM = ("prompt", "previous_batch")
-
-# The methods of the paper: which adversaries each switches on, as (Prompt-GDRO, Rollout-GDRO).
-METHODS: Mapping[str, tuple[bool, bool]] = {
-    "grpo": (False, False),
-    "prompt_gdro": (True, False),
-    "rollout_gdro": (False, True),
-    "gdro_both": (True, True),
-}
-
-
-def method_adversaries(method: str) -> tuple[bool, bool]:
-    """`(prompt_gdro_on, rollout_gdro_on)` of one of `METHODS`; a ValueError names the others."""
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {tuple(METHODS)}, got method={method!r}")
-    return METHODS[method]
 
 
 class AdversaryUpdate(Protocol):

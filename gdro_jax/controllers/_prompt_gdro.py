@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-from gdro_jax.losses import segment_mean
+from gdro_jax.controllers._segments import segment_mean
 
 # Per-prompt losses are clipped to this magnitude before averaging, so that segment sums over a
 # batch cannot overflow float32 (a batch of 1e5 prompts at 1e30 sums to 1e35 < 3.4e38).

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from gdro_jax.controllers._allocation import _permuted, arms_allocation, integer_allocation
-from gdro_jax.losses import segment_mean
+from gdro_jax.controllers._segments import segment_mean
 
 _PROXIES = ("bernoulli", "empirical", "signal")
 _MODES = ("sqrt", "arms")

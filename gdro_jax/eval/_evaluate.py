@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gdro_jax import data, rewards, tasks
+from gdro_jax import configs, data, rewards
 from gdro_jax.eval._math_eval import MathEvalSettings, _check_int, evaluate_math, load_bins
 from gdro_jax.eval._math_report import MathEvaluation
 from gdro_jax.eval._policy import Policy, open_policy
@@ -107,10 +107,10 @@ def evaluate_policy(
                 f"longest solution: drop {name}={sampling[name]!r}"
             )
     try:
-        task_config = tasks.ChainTaskConfig(**loaded.run_config["task"])
-    except (KeyError, TypeError) as error:
+        task_config = configs.chain_task_config(loaded.run_config)
+    except ValueError as error:
         raise ValueError(
-            f"policy={loaded.path!r}: its run config has no valid task block"
+            f"policy={loaded.path!r}: its run config has no valid task block ({error})"
         ) from error
     return evaluate_task_policy(
         loaded.model,

@@ -78,9 +78,8 @@ import jax
 import numpy as np
 from tqdm.auto import tqdm
 
-from gdro_jax import rewards
+from gdro_jax import rewards, runtime
 from gdro_jax.eval import _math_files as files
-from gdro_jax.eval import _processes
 from gdro_jax.eval._math_files import COMPLETIONS_FILE, SAMPLES_FILE, SETTINGS_FILE
 from gdro_jax.eval._math_report import MathEvaluation, summarize_problems
 from gdro_jax.sampling import FinishReason, generate
@@ -336,7 +335,7 @@ def evaluate_math(
     records: dict[tuple[str, str], dict[str, Any]] = {}
     refused = None
     todo_JB = np.zeros((len(batches), batch_size), bool)
-    if _processes.is_primary():
+    if runtime.is_primary():
         try:
             records = _open_folder(out, plan, stored_settings)
         except ValueError as error:
@@ -344,7 +343,7 @@ def evaluate_math(
         for j, (name, _, first) in enumerate(batches):
             real = plan[name]["kept"][first : first + batch_size]
             todo_JB[j, : len(real)] = [(name, pid) not in records for pid, *_ in real]
-    failed, todo_JB = _processes.from_primary((np.int32(refused is not None), todo_JB))
+    failed, todo_JB = runtime.from_primary((np.int32(refused is not None), todo_JB))
     if refused is not None:
         raise refused
     if failed:
@@ -478,7 +477,7 @@ def evaluate_math(
     # Several processes: round by round, process p samples and grades the round's p-th batch
     # left; process 0 writes the round's batches in order, so the files are a single process's.
     jobs = [j for j in range(len(batches)) if todo_JB[j].any()]
-    count, me, primary = jax.process_count(), jax.process_index(), _processes.is_primary()
+    count, me, primary = jax.process_count(), jax.process_index(), runtime.is_primary()
     idle = dict(
         tokens=np.zeros((batch_size * k, settings.max_new_tokens), np.int32),
         **{name: np.zeros(batch_size * k, np.int32) for name in ("lengths", "truncated")},
@@ -499,7 +498,7 @@ def evaluate_math(
             round_jobs = jobs[start : start + count]
             mine = round_jobs[me] if me < len(round_jobs) else None
             arrays, completions = sample_and_grade(mine) if mine is not None else (idle, None)
-            shared = _processes.gather(arrays)
+            shared = runtime.gather(arrays)
             if primary:
                 for p, j in enumerate(round_jobs):
                     write(j, shared[p], completions if p == me else None)

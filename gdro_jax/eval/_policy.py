@@ -2,8 +2,10 @@
 
 A path names:
 
-- a training work directory (`checkpoints/`, `config.json`): its newest usable checkpoint (its
-  exported `model/` when several processes evaluate it);
+- a training work directory (`checkpoints/`, `config.json`): its newest usable checkpoint, the
+  policy alone (`checkpoint.restore_policy`: on one device, whatever mesh it trained on; no task,
+  data, grader or optimizer is built), or its exported `model/` when several processes evaluate
+  it;
 - its `model/` folder (an HF folder whose parent holds the run's `config.json`), or the `model/`
   folder of a warm start (whose parent holds `pretrain.json`); a finished run's folder without
   checkpoints is read through its `model/`;
@@ -25,7 +27,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from gdro_jax import models, tasks
+from gdro_jax import checkpoint, configs, models, tasks
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 DTYPES = ("auto", "float32", "bfloat16")
@@ -98,7 +100,7 @@ def _is_chain_tokenizer(tokenizer) -> bool:
 
 def _task_kind(run_config: dict | None, tokenizer, path: str) -> str:
     if run_config is not None:
-        return tasks.task_kind(run_config)
+        return configs.task_kind(run_config)
     if _is_chain_tokenizer(tokenizer):
         raise ValueError(
             f"policy={path!r} has the chain task's {tasks.VOCAB_SIZE}-symbol tokenizer but no run "
@@ -126,17 +128,26 @@ def _check_hf_folder(path: str, names: set[str]) -> None:
         )
 
 
+def _run_tokenizer(run_config: dict[str, Any]):
+    """A training run's tokenizer: the chain task's, or a math run's (its `tokenizer` folder,
+    else the one in `init_from`; only the tokenizer files are read)."""
+    if configs.task_kind(run_config) == "chain":
+        return tasks.hf_tokenizer()
+    return models.load_tokenizer(run_config.get("tokenizer") or run_config["init_from"])
+
+
 def _load(path, dtype: str):
-    """`(model, tokenizer, step, path, folder)`: the policy at `path` (absolute; a finished
-    run's folder is read through its `model/`), and the folder that may hold its run config."""
+    """`(model, tokenizer, step, path, run_config)`: the policy at `path` (absolute; a finished
+    run's folder is read through its `model/`) and the run config saved with it (the
+    checkpoint's own, or found beside an HF folder; None)."""
     path = os.path.abspath(os.fspath(path))
     if not os.path.isdir(path):
         raise FileNotFoundError(f"policy={path!r} is not a folder")
     names = set(os.listdir(path))
     weights = any(n.endswith(".safetensors") or n.endswith(".index.json") for n in names)
     if not weights and "checkpoints" in names and jax.process_count() > 1:
-        # A checkpoint restores onto the run's mesh, which spans the processes; the evaluation
-        # holds one copy of the policy per process (`evaluate_math`), so it reads the export.
+        # Every process holds its own copy of the policy (`evaluate_math`) and reads it from
+        # the export, an HF folder each reads alone.
         if os.path.isdir(os.path.join(path, models.MODEL_DIR)):
             return _load(os.path.join(path, models.MODEL_DIR), dtype)
         raise ValueError(
@@ -145,17 +156,17 @@ def _load(path, dtype: str):
             "or finish the run (it exports model/)"
         )
     if not weights and "checkpoints" in names:
-        from gdro_jax import train  # noqa: PLC0415 (train imports eval: import when needed)
-
-        model, tokenizer, step = train.policy_from_checkpoint(path)
-        logging.info("evaluating %s at checkpoint step %d", path, step)
-        return model, tokenizer, step, path, path
+        restored = checkpoint.restore_policy(path)
+        logging.info("evaluating %s at checkpoint step %d", path, restored.step)
+        tokenizer = _run_tokenizer(restored.config)
+        return restored.model, tokenizer, restored.step, path, restored.config
     if not weights and os.path.isdir(os.path.join(path, models.MODEL_DIR)):
         # A run without checkpoints, or a warm start: its final policy.
         return _load(os.path.join(path, models.MODEL_DIR), dtype)
     _check_hf_folder(path, names)
     model = models.from_pretrained(path, dtype=jnp.dtype(dtype))
-    return model, models.load_tokenizer(path), None, path, os.path.dirname(path)
+    run_config = find_run_config(os.path.dirname(path))
+    return model, models.load_tokenizer(path), None, path, run_config
 
 
 def open_policy(path: str | os.PathLike, *, dtype: str = "auto") -> Policy:
@@ -174,8 +185,7 @@ def open_policy(path: str | os.PathLike, *, dtype: str = "auto") -> Policy:
       ValueError: a bad dtype, a chain-task tokenizer without a run config, or a chain-task
         policy whose vocabulary is not the task's.
     """
-    model, tokenizer, step, path, folder = _load(path, resolve_dtype(dtype))
-    run_config = find_run_config(folder)
+    model, tokenizer, step, path, run_config = _load(path, resolve_dtype(dtype))
     kind = _task_kind(run_config, tokenizer, path)
     if kind == "chain" and model.config.vocab_size != tasks.VOCAB_SIZE:
         raise ValueError(

@@ -27,8 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from gdro_jax import tasks
-from gdro_jax.eval import _processes
+from gdro_jax import runtime, tasks
 from gdro_jax.eval._math_eval import REPORT_JSON, REPORT_MARKDOWN, _check_int
 from gdro_jax.eval._math_files import COMPLETIONS_FILE, SAMPLES_FILE, SETTINGS_FILE
 from gdro_jax.eval._passk import PassSummary, summarize_counts
@@ -273,7 +272,7 @@ def evaluate_task_policy(
         task_config,
         rows,
         settings,
-        progress and _processes.is_primary(),
+        progress and runtime.is_primary(),
         sampler=sampler,
         on_batch=keep_completions if save_completions else None,
     )
@@ -301,7 +300,7 @@ def evaluate_task_policy(
         problem_ids=[str(row["id"]) for row in rows],
         timing={"total_s": time.perf_counter() - tick},
     )
-    if not _processes.is_primary():  # several processes: each evaluated the split, 0 writes
+    if not runtime.is_primary():  # several processes: each evaluated the split, 0 writes
         return report
     out.mkdir(parents=True, exist_ok=True)
     (out / REPORT_JSON).write_text(json.dumps(report.to_dict(), indent=2) + "\n")

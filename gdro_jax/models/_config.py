@@ -140,6 +140,18 @@ class DecoderConfig:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
 
+    def to_dict(self) -> dict[str, Any]:
+        """Every field as plain values (JSON-ready apart from tuples); `from_dict` inverts it."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, fields: Mapping[str, Any]) -> DecoderConfig:
+        """The config of `to_dict`'s fields (lists for tuples, a dict for `rope_scaling`)."""
+        fields = dict(fields)
+        if isinstance(fields.get("rope_scaling"), Mapping):
+            fields["rope_scaling"] = Llama3RopeScaling(**fields["rope_scaling"])
+        return cls(**fields)
+
     # Presets: the published Qwen3 shapes (Base and post-trained checkpoints share them).
 
     @classmethod

@@ -65,7 +65,7 @@ from gdro_jax.sim._simulate import (
     simulate,
 )
 from gdro_jax.sim._study import simulate_study
-from gdro_jax.tasks._config import level_counts, level_shares  # shared with the chain task
+from gdro_jax.tasks import level_counts, level_shares  # shared with the chain task
 
 __all__ = [
     "predicted_gains",

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from gdro_jax.tasks._config import level_counts, level_shares
+from gdro_jax.tasks import level_counts, level_shares
 
 _OPTIMIZERS = ("adam", "sgd")
 _LOSS_SIGNALS = ("failure_rate", "surrogate")

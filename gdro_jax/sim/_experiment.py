@@ -33,7 +33,7 @@ from gdro_jax.sim._plots import (
     plot_rollouts_per_bin,
 )
 from gdro_jax.sim._report import Interval, format_table, paired_gain, summarize
-from gdro_jax.sim._simulate import SimOutput, simulate
+from gdro_jax.sim._simulate import SimOutput, method_flags, simulate
 
 # Keys of the experiment config that are not `SimConfig` fields.
 EXPERIMENT_KEYS = ("seeds", "seed", "methods", "progress", "fast_compile")
@@ -82,6 +82,8 @@ def run_experiment(config: Mapping[str, Any], workdir: str) -> ExperimentResult:
         raise ValueError(
             f"methods must be names from {tuple(METHODS)}, got methods={config['methods']!r}"
         )
+    for method in methods:
+        method_flags(method)  # a method with a part the simulator does not model
     num_seeds = int(config["seeds"])
     if num_seeds < 1:
         raise ValueError(f"seeds must be >= 1, got seeds={num_seeds}")

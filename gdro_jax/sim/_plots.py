@@ -23,11 +23,12 @@ def _panels(num_methods: int, height: float = 3.2) -> tuple[Figure, np.ndarray]:
     return fig, axes[0]
 
 
-def _role(label: str, index: int, applied: str, not_applied: str) -> str:
-    """Returns " (applied)" or " (observed)" for a method name, "" for other labels."""
+def _role(label: str, decision: str, applied: str, not_applied: str) -> str:
+    """ " (applied)" or " (observed)" for a method that hands `decision` to a part or not; ""
+    for other labels."""
     if label not in METHODS:
         return ""
-    return f" ({applied if METHODS[label][index] else not_applied})"
+    return f" ({applied if getattr(METHODS[label], decision) else not_applied})"
 
 
 def _smooth(values_T: np.ndarray, window: int) -> np.ndarray:
@@ -52,7 +53,7 @@ def plot_q_heatmap(outputs: Mapping[str, SimOutput]) -> Figure:
         image = ax.imshow(
             q_TB.T, aspect="auto", origin="lower", cmap="magma", vmin=0.0, interpolation="nearest"
         )
-        ax.set_title(f"{method}: q{_role(method, 0, 'applied', 'observed')}")
+        ax.set_title(f"{method}: q{_role(method, 'prompt_adversary', 'applied', 'observed')}")
         ax.set_xlabel("step")
         ax.set_ylabel("bin (0 = hardest)")
         fig.colorbar(image, ax=ax, fraction=0.05)
@@ -72,7 +73,8 @@ def plot_rollouts_per_bin(outputs: Mapping[str, SimOutput], smooth: int = 5) -> 
             colors=colors,
             labels=[f"bin {b}" for b in range(num_bins)],
         )
-        ax.set_title(f"{method}: rollouts per bin{_role(method, 1, 'allocated', 'uniform')}")
+        role = _role(method, "rollout_allocation", "allocated", "uniform")
+        ax.set_title(f"{method}: rollouts per bin{role}")
         ax.set_xlabel("step")
         ax.set_ylabel("rollouts (sum = R)")
         ax.margins(x=0, y=0)

@@ -29,7 +29,7 @@ from gdro_jax.controllers import (
     PassKState,
     PromptGDROState,
     RolloutGDROState,
-    method_adversaries,
+    get_method,
     passk_classifier,
     prompt_gdro,
     rollout_gdro,
@@ -54,10 +54,28 @@ class MethodFlags(NamedTuple):
     allocate: jax.Array  # [] bool apply Rollout-GDRO's rollout counts
 
 
+# The parts of `controllers.METHODS` the simulator models, by decision.
+SIMULATED_PARTS = {"prompt_adversary": ("prompt_gdro",), "rollout_allocation": ("rollout_gdro",)}
+
+
 def method_flags(method: str) -> MethodFlags:
-    """Returns the `MethodFlags` of one of `controllers.METHODS` ("grpo", "prompt_gdro", ...)."""
-    reweight, allocate = method_adversaries(method)
-    return MethodFlags(reweight=jnp.asarray(reweight), allocate=jnp.asarray(allocate))
+    """The `MethodFlags` of one of `controllers.METHODS` ("grpo", "prompt_gdro", ...), read off
+    its record.
+
+    Raises:
+      ValueError: an unknown method, or one with a part the simulator does not model.
+    """
+    record = get_method(method)
+    for decision, part in record.parts().items():
+        if part not in SIMULATED_PARTS.get(decision, ()):
+            raise ValueError(
+                f"the simulator does not model {decision}={part!r} (method {method!r}); it "
+                f"models {SIMULATED_PARTS}"
+            )
+    return MethodFlags(
+        reweight=jnp.asarray(record.prompt_adversary is not None),
+        allocate=jnp.asarray(record.rollout_allocation is not None),
+    )
 
 
 class SimState(NamedTuple):

@@ -30,8 +30,8 @@ from typing import Any, NamedTuple
 import ml_collections
 import numpy as np
 
+from gdro_jax import configs, models, tasks
 from gdro_jax import eval as evaluation
-from gdro_jax import models, tasks
 from gdro_jax.eval import evaluate_with, pass_at_k
 from gdro_jax.study._demo import BASELINE, warm_start_frontier
 from gdro_jax.study._stats import detectable_gain, paired_relative_gain
@@ -166,10 +166,12 @@ def run_config(
 
 
 def _stamp(run: ml_collections.ConfigDict | None, eval_config: ml_collections.ConfigDict) -> str:
-    """What decides an evaluation file: the run's config (without `progress`) and the eval."""
+    """What decides an evaluation file: the run's config (its fields that differ from the
+    schema's defaults, `configs.canonical`, without `progress`) and the eval settings."""
     fields: dict[str, Any] = {"eval": eval_config.to_dict()}
     if run is not None:
-        fields["run"] = {k: v for k, v in run.to_dict().items() if k != "progress"}
+        canonical = configs.canonical(run, configs.run_schema())
+        fields["run"] = {k: v for k, v in canonical.items() if k != "progress"}
     text = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -189,7 +191,7 @@ def _split_rows(config: ml_collections.ConfigDict) -> tuple[tasks.ChainTaskConfi
     split = config.eval.split
     if split not in SPLITS:
         raise ValueError(f"eval.split must be one of {SPLITS}, got {split!r}")
-    task_config = tasks.ChainTaskConfig(**config.train.task.to_dict())
+    task_config = configs.chain_task_config(config.train)
     return task_config, getattr(tasks.build_splits(task_config), split)
 
 

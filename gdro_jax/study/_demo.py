@@ -21,8 +21,8 @@ import numpy as np
 from flax import nnx
 from matplotlib.figure import Figure
 
+from gdro_jax import configs, models, tasks
 from gdro_jax import eval as evaluation
-from gdro_jax import models, tasks
 from gdro_jax.eval import evaluate_with, pass_at_k
 from gdro_jax.train import read_metrics, train
 from gdro_jax.warmstart import FRONTIER_FILE, pretrain
@@ -172,7 +172,7 @@ def run_demo(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> 
     model_dir = pretrain(config.pretrain, workdir / BASELINE)
     seconds["warm_start"] = time.perf_counter() - start
 
-    task_config = tasks.ChainTaskConfig(**config.train.task.to_dict())
+    task_config = configs.chain_task_config(config.train)
     test_rows = tasks.build_splits(task_config).test
     methods = [m for m in config.methods.split(",") if m]
     results: dict[str, evaluation.TaskEvaluation] = {}

@@ -36,13 +36,14 @@ from gdro_jax.tasks._config import (
 )
 from gdro_jax.tasks._reward import grade_text, grade_tokens, solution_correct, solution_reward
 from gdro_jax.tasks._rl_task import (
+    ON_LONG_PROMPT,
     TASK_KINDS,
+    MathTaskConfig,
     RewardFn,
     RLTask,
     chain_task,
     check_vocab,
     math_task,
-    task_kind,
 )
 from gdro_jax.tasks._tokenizer import (
     BOS_ID,
@@ -73,7 +74,9 @@ __all__ = [
     "PAD_ID",
     "PAD_TOKEN",
     "SYMBOLS",
+    "ON_LONG_PROMPT",
     "TASK_KINDS",
+    "MathTaskConfig",
     "VOCAB",
     "VOCAB_SIZE",
     "ChainArrays",
@@ -103,6 +106,5 @@ __all__ = [
     "save_tokenizer",
     "solution_correct",
     "solution_reward",
-    "task_kind",
     "supervised_arrays",
 ]

@@ -9,7 +9,9 @@ Two tasks plug into `build_run`:
   decoded on the host and graded by math-verify in worker processes with a hard per-item
   timeout, so a pathological answer costs at most the timeout and scores as wrong.
 
-Both map correctness to `config.reward_values` (SPEC 2: -1 / +1).
+Both map correctness to the run's `reward_values` (SPEC 2: -1 / +1). Neither reads a run config:
+the config layer (`gdro_jax.configs`) turns its `task` or `math` block into a `ChainTaskConfig`
+or a `MathTaskConfig`.
 """
 
 from __future__ import annotations
@@ -19,10 +21,9 @@ from collections.abc import Callable
 from typing import Any
 
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
-from gdro_jax import data, models, rewards
+from gdro_jax import data, rewards
 from gdro_jax.tasks._arrays import encode_rows
 from gdro_jax.tasks._chains import ChainTaskConfig, build_splits
 from gdro_jax.tasks._reward import solution_correct
@@ -33,6 +34,55 @@ from gdro_jax.tasks._tokenizer import EOS_ID, VOCAB_SIZE, hf_tokenizer
 RewardFn = Callable[[Any, Any, Any, Any], tuple[Any, Any]]
 
 TASK_KINDS = ("chain", "math")
+ON_LONG_PROMPT = ("skip", "raise")
+
+
+@dataclasses.dataclass(frozen=True)
+class MathTaskConfig:
+    """A math training set and its grader (a run config's `math` block).
+
+    Attributes:
+      preset: a `gdro_jax.data` preset (DAPO-Math's English rows: "dapo_math_en").
+      data_dir: the data files' folder; empty: `$GDRO_DATA_DIR`, else `../shared/data`.
+      limit: train on the first `limit` rows only (smoke tests); 0: every row.
+      chat_template: wrap each prompt in the tokenizer's chat template as one user message.
+      max_prompt_tokens: longer prompts are skipped and counted (or raise, below).
+      on_long_prompt: "skip" (counted in `skipped_prompts`) or "raise".
+      eos_tokens: the tokens that end a completion (those the tokenizer knows).
+      grader_workers: math-verify worker processes.
+      grader_timeout_s: seconds per graded answer before it scores wrong.
+    """
+
+    preset: str = "dapo_math_en"
+    data_dir: str = ""
+    limit: int = 0
+    chat_template: bool = True
+    max_prompt_tokens: int = 2048
+    on_long_prompt: str = "skip"
+    eos_tokens: tuple[str, ...] = ("<|im_end|>", "<|endoftext|>")
+    grader_workers: int = 2
+    grader_timeout_s: float = 5.0
+
+    def __post_init__(self):
+        if self.preset not in data.PRESETS:
+            raise ValueError(
+                f"preset must be one of {sorted(data.PRESETS)}, got preset={self.preset!r}"
+            )
+        if self.on_long_prompt not in ON_LONG_PROMPT:
+            raise ValueError(
+                f"on_long_prompt must be one of {ON_LONG_PROMPT}, "
+                f"got on_long_prompt={self.on_long_prompt!r}"
+            )
+        for name in ("limit", "max_prompt_tokens", "grader_workers"):
+            value = getattr(self, name)
+            smallest = 0 if name == "limit" else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < smallest:
+                raise ValueError(f"{name} must be an int >= {smallest}, got {name}={value!r}")
+        if not self.grader_timeout_s > 0:
+            raise ValueError(
+                f"grader_timeout_s must be > 0, got grader_timeout_s={self.grader_timeout_s!r}"
+            )
+        object.__setattr__(self, "eos_tokens", tuple(self.eos_tokens))
 
 
 @dataclasses.dataclass
@@ -83,20 +133,19 @@ class RLTask:
         return {f"grader/{name}": int(value) for name, value in self.grader.stats._asdict().items()}
 
 
-def task_kind(config: ml_collections.ConfigDict) -> str:
-    """The config's task kind (`config.task_kind`, default `"chain"`), validated."""
-    kind = config.get("task_kind", "chain")
-    if kind not in TASK_KINDS:
-        raise ValueError(f"task_kind must be one of {TASK_KINDS}, got task_kind={kind!r}")
-    return kind
+def chain_task(
+    task_config: ChainTaskConfig, *, reward_values: tuple[float, float] = (-1.0, 1.0)
+) -> RLTask:
+    """The chain task's training pool with its on-device exact-match reward.
 
-
-def chain_task(config: ml_collections.ConfigDict, task_config: ChainTaskConfig) -> RLTask:
-    """The chain task's training pool with its on-device exact-match reward."""
+    Args:
+      task_config: the task's levels, pool and splits.
+      reward_values: `(wrong, correct)` rewards.
+    """
     splits = build_splits(task_config)
     pool = encode_rows(splits.train, task_config)
     solution_tokens = jnp.asarray(pool.solution_tokens)
-    low, high = (float(v) for v in config.reward_values)
+    low, high = (float(v) for v in reward_values)
 
     def exact_match_reward(ids_N, tokens_RM, lengths_R, prompt_of_slot_R):
         gold_RS = solution_tokens[ids_N[prompt_of_slot_R]]
@@ -116,28 +165,19 @@ def chain_task(config: ml_collections.ConfigDict, task_config: ChainTaskConfig) 
     )
 
 
-def math_task(config: ml_collections.ConfigDict, *, tokenizer=None) -> RLTask:
+def math_task(
+    math: MathTaskConfig, tokenizer, *, reward_values: tuple[float, float] = (-1.0, 1.0)
+) -> RLTask:
     """A math dataset preset graded by math-verify in worker processes.
 
     Args:
-      config: the run config; reads `config.math` (`preset`, `data_dir`, `limit`,
-        `chat_template`, `max_prompt_tokens`, `on_long_prompt`, `eos_tokens`, `grader_workers`,
-        `grader_timeout_s`), `config.reward_values`, and `config.tokenizer` or
-        `config.init_from` for the tokenizer folder.
-      tokenizer: a transformers tokenizer to use instead of loading one.
+      math: the data set, prompt handling and grader.
+      tokenizer: the policy's transformers tokenizer (`models.load_tokenizer(folder)`).
+      reward_values: `(wrong, correct)` rewards.
 
     Returns:
       The `RLTask`; call its `close()` to stop the grader.
     """
-    math = config.math
-    if tokenizer is None:
-        folder = config.get("tokenizer", "") or config.init_from
-        if not folder:
-            raise ValueError(
-                "the math task needs a tokenizer: set config.tokenizer or config.init_from to a "
-                "folder with the tokenizer files"
-            )
-        tokenizer = models.load_tokenizer(folder)
     rows = data.load_preset(
         math.preset,
         math.data_dir or None,
@@ -151,7 +191,7 @@ def math_task(config: ml_collections.ConfigDict, *, tokenizer=None) -> RLTask:
     golds = [row["answer"] for row in rows]
     eos_ids = data.stop_token_ids(tokenizer, tuple(math.eos_tokens))
     grader = rewards.MathGrader(num_workers=math.grader_workers, timeout_s=math.grader_timeout_s)
-    low, high = (float(v) for v in config.reward_values)
+    low, high = (float(v) for v in reward_values)
     stop = set(eos_ids)
 
     def graded_reward(ids_N, tokens_RM, lengths_R, prompt_of_slot_R):

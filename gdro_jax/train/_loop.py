@@ -11,42 +11,32 @@ import json
 import logging
 import os
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from tqdm.auto import tqdm
 
-from gdro_jax import models
+from gdro_jax import checkpoint, configs, models, step
+from gdro_jax.runtime import agreed_signal, global_array, is_primary, to_host
 from gdro_jax.tasks import RewardFn
-from gdro_jax.train._assemble import Run, build_run
-from gdro_jax.train._checkpoint import Checkpoint, checkpoint_options, save_checkpoint
-from gdro_jax.train._distributed import agreed_signal, global_array, is_primary, to_host
-from gdro_jax.train._guards import (
-    RewardError,
-    check_rewards,
-    check_skips,
-    max_skips,
-    validate_config,
-)
-from gdro_jax.train._metrics import MetricsWriter, RowsOnly, read_metrics, rewind_metrics
 from gdro_jax.train._preemption import TrainingInterrupted, stop_on_signals
 from gdro_jax.train._resume import open_checkpoints, resume
-from gdro_jax.train._rollouts import RolloutEngine
-from gdro_jax.train._state import TrainState
+from gdro_jax.train._run import Run, build_run
+from gdro_jax.train._writers import MetricsWriter, RowsOnly, read_metrics, rewind_metrics
 
 
-def run_step(run: Run, state: TrainState, prompt_ids: np.ndarray):
+def run_step(run: Run, state: step.TrainState, prompt_ids: np.ndarray):
     """One RL step. Returns `(state, metrics, seconds)` with seconds split by phase."""
     times = {}
     start = time.perf_counter()
     # `state.step` stays on the device (no host sync); fold_in gives the same key as its int.
-    key = jax.random.fold_in(jax.random.key(run.config.seed + 1), state.step)
+    key = jax.random.fold_in(jax.random.key(run.settings.seed + 1), state.step)
     plan_key, sample_key = jax.random.split(key)
     if run.mesh is None:
         ids = jnp.asarray(prompt_ids, jnp.int32)
@@ -63,29 +53,29 @@ def run_step(run: Run, state: TrainState, prompt_ids: np.ndarray):
     start = time.perf_counter()
     try:
         rollouts = jax.block_until_ready(run.reward(ids, rollouts, plan))
-        check_rewards(run.reward_name, rollouts.rewards)
-    except RewardError as error:
+        step.check_rewards(run.reward_name, rollouts.rewards)
+    except step.RewardError as error:
         # The step number is read from the device only on this error path.
-        raise RewardError(f"step {int(state.step) + 1}: {error}") from error
+        raise step.RewardError(f"step {int(state.step) + 1}: {error}") from error
     times["reward"] = time.perf_counter() - start
     start = time.perf_counter()
     state, metrics = run.update(state, plan, ids, rollouts)
     metrics = jax.block_until_ready(metrics)
     times["update"] = time.perf_counter() - start
     # Stops the run after too many non-finite steps in a row (each was skipped by the update).
-    consecutive, limit = int(metrics["consecutive_skips"]), max_skips(run.config)
+    consecutive, limit = int(metrics["consecutive_skips"]), run.settings.max_consecutive_skips
     if limit and consecutive >= limit:
-        check_skips(consecutive, limit, int(state.step))
+        step.check_skips(consecutive, limit, int(state.step))
     return state, metrics, times
 
 
 def train(
-    config: ml_collections.ConfigDict,
+    config: Mapping[str, Any] | configs.RunSettings,
     workdir: str | os.PathLike,
     *,
     reward_fn: RewardFn | None = None,
     host_reward_fn: RewardFn | None = None,
-    rollout_engine: RolloutEngine | None = None,
+    rollout_engine: step.RolloutEngine | None = None,
 ) -> dict[str, Any]:
     """Runs `config.steps` RL steps, logging every step, and saves the final policy.
 
@@ -94,11 +84,12 @@ def train(
     the run continues exactly where it was, bit for bit on CPU. A checkpoint is written every
     `config.checkpoint.every_steps` steps, at the last step, and on SIGTERM/SIGINT (the step in
     flight finishes, is saved, and `TrainingInterrupted` is raised). Resuming under a config that
-    changes the run (anything outside `RESUMABLE_FIELDS`) raises a ValueError naming the fields
-    before anything in `workdir` is touched.
+    changes the run (anything outside `configs.RESUMABLE_FIELDS`) raises a ValueError naming the
+    fields before anything in `workdir` is touched.
 
     Args:
-      config: see `experiments/configs/tiny_cpu.py` for every field.
+      config: a run config (`configs.run_schema` names every field; see
+        `experiments/configs/tiny_cpu.py`) or its `RunSettings`.
       workdir: where `metrics.jsonl`, TensorBoard events (`tb/`), `config.json`,
         `summary.json`, `checkpoints/` and the final policy as an HF folder with its tokenizer
         (`model/`) go.
@@ -114,25 +105,23 @@ def train(
       TrainingInterrupted: on SIGTERM/SIGINT, after the checkpoint of the step reached is saved.
       CheckpointError: checkpoints exist but none can be restored.
     """
-    validate_config(config)  # a config that cannot work is named before anything is touched
+    # Read once: a config that cannot work is named before anything is touched.
+    settings = configs.read_run_config(config)
     os.makedirs(workdir, exist_ok=True)
-    enabled, every_steps, keep = checkpoint_options(config)
-    manager = open_checkpoints(config, workdir, enabled=enabled, keep=keep)
+    manager = open_checkpoints(settings, workdir)
     try:
         run = build_run(
-            config,
+            settings,
             reward_fn=reward_fn,
             host_reward_fn=host_reward_fn,
             rollout_engine=rollout_engine,
         )
         try:
-            run, resumed = resume(run, config, manager)
+            run, resumed = resume(run, manager)
             if is_primary():
                 with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as file:
-                    file.write(config.to_json_best_effort(indent=2))
-            state, history, step_times = _train_loop(
-                run, config, workdir, manager=manager, resumed=resumed, every_steps=every_steps
-            )
+                    file.write(settings.config.to_json_best_effort(indent=2))
+            state, history, step_times = _train_loop(run, workdir, manager=manager, resumed=resumed)
             completed = int(state.step)
             finished = None if history else _finished_summary(workdir, completed)
             if finished is None:
@@ -155,8 +144,8 @@ def train(
     if not history and os.path.exists(os.path.join(workdir, "metrics.jsonl")):
         history = read_metrics(os.path.join(workdir, "metrics.jsonl"))[-1:]
     summary = {
-        "method": config.method,
-        "steps": config.steps,
+        "method": settings.method.name,
+        "steps": settings.steps,
         "completed_steps": completed,
         "skipped_prompts": run.task.skipped_prompts,
         "final": history[-1] if history else {},
@@ -199,33 +188,27 @@ def describe_outputs(result: dict[str, Any], workdir: str | os.PathLike) -> str:
     return "\n".join(lines)
 
 
-def _train_loop(
-    run: Run,
-    config: ml_collections.ConfigDict,
-    workdir,
-    *,
-    manager=None,
-    resumed: Checkpoint | None = None,
-    every_steps: int = 1,
-):
+def _train_loop(run: Run, workdir, *, manager=None, resumed: checkpoint.Checkpoint | None = None):
     """Steps from the restored step (or 0) to `config.steps`; returns state, rows, step times."""
+    settings = run.settings
+    every_steps = settings.checkpoint.every_steps
     state = run.state
     start = 0 if resumed is None else resumed.step
-    if start > config.steps:
-        logging.warning("the checkpoint holds step %d, past steps=%d", start, config.steps)
+    if start > settings.steps:
+        logging.warning("the checkpoint holds step %d, past steps=%d", start, settings.steps)
     step_times: list[dict[str, float]] = []
     history: list[dict[str, Any]] = []
     writer = None
     bar = tqdm(
-        range(start, config.steps),
-        initial=min(start, config.steps),
-        total=config.steps,
-        desc=f"{config.method}",
-        disable=not config.progress,
+        range(start, settings.steps),
+        initial=min(start, settings.steps),
+        total=settings.steps,
+        desc=settings.method.name,
+        disable=not settings.progress,
     )
     try:
         with stop_on_signals() as stop:
-            for step in bar:
+            for step_index in bar:
                 prompt_ids = next(run.prompt_batches)
                 state, metrics, times = run_step(run, state, prompt_ids)
                 metrics = dict(metrics, **{f"time/{k}": v for k, v in times.items()})
@@ -233,8 +216,8 @@ def _train_loop(
                 if writer is None:
                     # Opened at the first finished step: a run that fails before it leaves
                     # metrics.jsonl as it was.
-                    writer = _open_metrics(workdir, config, resumed)
-                row = writer.write(step + 1, metrics)
+                    writer = _open_metrics(workdir, settings, resumed)
+                row = writer.write(step_index + 1, metrics)
                 history.append(row)
                 step_times.append(times)
                 bar.set_postfix(
@@ -242,20 +225,14 @@ def _train_loop(
                     step_s=f"{sum(times.values()):.2f}",
                     refresh=False,
                 )
-                last = step + 1 == config.steps
+                last = step_index + 1 == settings.steps
                 # Several processes stop together: a signal to any one stops them all here.
                 signum = agreed_signal(stop.signum)
                 path = None
-                if manager is not None and ((step + 1) % every_steps == 0 or last or signum):
-                    path = save_checkpoint(
-                        manager,
-                        state,
-                        run.prompt_batches,
-                        config=config,
-                        metrics_bytes=writer.size(),
-                    )
+                if manager is not None and ((step_index + 1) % every_steps == 0 or last or signum):
+                    path = _save(manager, run, state, writer.size())
                 if signum is not None and not last:
-                    raise TrainingInterrupted(step + 1, signum, path)
+                    raise TrainingInterrupted(step_index + 1, signum, path)
     finally:
         bar.close()
         if writer is not None:
@@ -263,18 +240,32 @@ def _train_loop(
     return state, history, step_times
 
 
-def _open_metrics(workdir, config, resumed: Checkpoint | None) -> MetricsWriter | RowsOnly:
+def _save(manager, run: Run, state: step.TrainState, metrics_bytes: int) -> str:
+    """Checkpoint `state.step`: the state, the prompt iterator's position, and in its meta the
+    run's config, the metrics cursor and the policy's architecture (`checkpoint.restore_policy`
+    rebuilds the policy from it alone)."""
+    meta = {
+        "config": configs.config_dict(run.settings.config),
+        "metrics_bytes": int(metrics_bytes),
+        "policy": run.policy.to_dict(),
+    }
+    return checkpoint.save_checkpoint(
+        manager, int(state.step), state, data_iterator=run.prompt_batches, meta=meta
+    )
+
+
+def _open_metrics(workdir, settings, resumed) -> MetricsWriter | RowsOnly:
     if not is_primary():
         return RowsOnly(workdir)
     if resumed is None:
         # A new run: metrics.jsonl starts afresh, so the rows are this run's only.
-        return MetricsWriter(workdir, tensorboard=config.tensorboard, append=False)
+        return MetricsWriter(workdir, tensorboard=settings.tensorboard, append=False)
     path = os.path.join(workdir, "metrics.jsonl")
     dropped = rewind_metrics(path, resumed.step, resumed.meta["metrics_bytes"])
     if dropped:
         logging.info("dropped %d metrics rows after step %d (redone)", dropped, resumed.step)
     return MetricsWriter(
-        workdir, tensorboard=config.tensorboard, append=True, purge_step=resumed.step + 1
+        workdir, tensorboard=settings.tensorboard, append=True, purge_step=resumed.step + 1
     )
 
 

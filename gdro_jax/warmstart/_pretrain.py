@@ -38,13 +38,14 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from tqdm.auto import tqdm
 
+from gdro_jax import configs, losses, models, runtime, tasks
 from gdro_jax import eval as evaluation
-from gdro_jax import losses, models, tasks
 from gdro_jax.models import MODEL_DIR, fit_spec
-from gdro_jax.train import make_optimizer, mesh_from_config
 
 # Bump when a change to this module changes what a config trains, so old folders are not reused.
-FORMAT_VERSION = 2  # 2: batches in data order (1 shuffled them, with optional length buckets)
+# 2: batches in data order (1 shuffled them, with optional length buckets). 3: the hash is taken
+# over the fields that differ from the schema's defaults (`configs.canonical`).
+FORMAT_VERSION = 3
 TOKENIZER_DIR = "tokenizer"
 FRONTIER_FILE = "frontier.json"
 CONFIG_FILE = "pretrain.json"
@@ -60,14 +61,22 @@ class PretrainResult(NamedTuple):
     seconds: float  # wall-clock seconds of data preparation, compilation and training
 
 
+def read_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """`config` with every field of the warm-start schema (`configs.pretrain_schema`); a
+    ValueError names a field the schema does not know."""
+    schema = configs.pretrain_schema()
+    configs.check_known(config, schema)
+    return configs.complete(config, schema)
+
+
 def task_config(config: ml_collections.ConfigDict) -> tasks.ChainTaskConfig:
     """The `ChainTaskConfig` of `config.task` (the same fields as the RL configs' `task`)."""
-    return tasks.ChainTaskConfig(**config.task.to_dict())
+    return configs.chain_task_config(config)
 
 
 def decoder_config(config: ml_collections.ConfigDict) -> models.DecoderConfig:
     """The policy's `DecoderConfig` from `config.model`, with the task tokenizer's special ids."""
-    fields = config.model.to_dict()
+    fields = read_config(config).model.to_dict()
     if fields.get("vocab_size", tasks.VOCAB_SIZE) != tasks.VOCAB_SIZE:
         raise ValueError(
             f"model.vocab_size must be the task's {tasks.VOCAB_SIZE}, "
@@ -79,12 +88,15 @@ def decoder_config(config: ml_collections.ConfigDict) -> models.DecoderConfig:
         eos_token_ids=(tasks.EOS_ID,),
         pad_token_id=tasks.PAD_ID,
     )
-    return models.DecoderConfig(**fields)
+    return models.DecoderConfig.from_dict(fields)
 
 
 def config_hash(config: ml_collections.ConfigDict) -> str:
-    """A stable hash of everything in `config` that decides the trained model (hex, 16 chars)."""
-    fields = {k: v for k, v in config.to_dict().items() if k not in _UNHASHED_FIELDS}
+    """A stable hash of everything in `config` that decides the trained model (hex, 16 chars):
+    its fields that differ from the schema's defaults (`configs.canonical`), so a field left out
+    and one set to its default hash alike."""
+    canonical = configs.canonical(config, configs.pretrain_schema())
+    fields = {k: v for k, v in canonical.items() if k not in _UNHASHED_FIELDS}
     fields["format_version"] = FORMAT_VERSION
     text = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -139,6 +151,7 @@ def pretrain_model(
       `PretrainResult(model, losses, seconds)`.
     """
     start = time.perf_counter()
+    config = read_config(config)
     train = config.train
     for name in ("steps", "batch_size"):
         value = train[name]
@@ -152,7 +165,8 @@ def pretrain_model(
     shape = (train.steps, train.batch_size, task.sequence_length)
     batches = zip(data.tokens.reshape(shape), data.loss_mask.reshape(shape), strict=True)
     model = models.init_decoder(decoder_config(config), seed=config.seed, mesh=mesh)
-    optimizer = nnx.Optimizer(model, make_optimizer(train, decay_steps=train.steps), wrt=nnx.Param)
+    tx = configs.make_optimizer(configs.OptimizerConfig.from_block(train), decay_steps=train.steps)
+    optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
     graphdef, state = nnx.split((model, optimizer))
 
     def place(batch):
@@ -240,6 +254,7 @@ def pretrain(
     Returns:
       The HF model folder `workdir/model` (load it with `models.from_pretrained`).
     """
+    config = read_config(config)
     workdir = pathlib.Path(workdir)
     model_dir = workdir / MODEL_DIR
     digest = config_hash(config)
@@ -261,7 +276,7 @@ def pretrain(
         shutil.rmtree(model_dir)
 
     cpu_start = time.process_time()
-    mesh = mesh_from_config(config) if mesh is None else mesh
+    mesh = runtime.run_mesh(*configs.mesh_shape_of(config)) if mesh is None else mesh
     trained = pretrain_model(config, mesh=mesh)
     train_cpu_seconds = time.process_time() - cpu_start
 

@@ -249,7 +249,7 @@ def test_every_method_draws_exactly_r_rollouts_every_step(runs):
         assert np.all(output.trace.rollouts_per_level.sum(-1) == num_slots), method
         assert np.all(output.trace.bin_count.sum(-1) == TINY.num_prompts), method
         uniform = TINY.n_mean * output.trace.bin_count
-        if sim.METHODS[method][1]:
+        if sim.METHODS[method].rollout_allocation:
             assert np.any(output.trace.rollouts_per_bin != uniform), method  # allocation moved
         else:
             np.testing.assert_array_equal(output.trace.rollouts_per_bin, uniform)

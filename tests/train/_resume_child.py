@@ -40,15 +40,15 @@ def install_hooks() -> None:
 
     kill_after = _step_from_env("GDRO_TEST_KILL_AFTER_SAVE")
     if kill_after is not None:
-        save = _loop.save_checkpoint
+        save = _loop._save
 
-        def save_then_kill(manager, state, *args, **kwargs):
-            path = save(manager, state, *args, **kwargs)
+        def save_then_kill(manager, run, state, *args, **kwargs):
+            path = save(manager, run, state, *args, **kwargs)
             if int(state.step) == kill_after:
                 os.kill(os.getpid(), signal.SIGKILL)
             return path
 
-        _loop.save_checkpoint = save_then_kill
+        _loop._save = save_then_kill
 
     kill_in = _step_from_env("GDRO_TEST_KILL_IN_SAVE")
     if kill_in is not None:

@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gdro_jax import train
-from gdro_jax.train import _checkpoint, _metrics, _preemption, _resume
+from gdro_jax import checkpoint, configs, train
+from gdro_jax.train._preemption import stop_on_signals
 from tests.train import _resume_config
 
 
@@ -65,18 +65,24 @@ def mesh_run():
     run.close()
 
 
+def _save(manager, state, run, metrics_bytes):
+    """Saves `state` as a run saves its checkpoints: with the prompt iterator and the meta."""
+    meta = {"config": configs.config_dict(run.config), "metrics_bytes": metrics_bytes}
+    return checkpoint.save_checkpoint(
+        manager, int(state.step), state, data_iterator=run.prompt_batches, meta=meta
+    )
+
+
 def _save_steps(run, directory, steps, *, keep=3, seed=0):
     """Saves `steps` checkpoints of distinct states; returns them by step."""
-    manager = _checkpoint.checkpoint_manager(directory, keep=keep)
+    manager = checkpoint.checkpoint_manager(directory, keep=keep)
     saved = {}
     for step in steps:
         state = _advanced(run.state, seed + step)._replace(
             step=jax.device_put(jnp.int32(step), run.state.step.sharding)
         )
         saved[step] = (_host(state), run.prompt_batches.get_state())
-        _checkpoint.save_checkpoint(
-            manager, state, run.prompt_batches, config=run.config, metrics_bytes=0
-        )
+        _save(manager, state, run, 0)
         next(run.prompt_batches)
     return manager, saved
 
@@ -86,22 +92,20 @@ def test_round_trip_is_exact_and_placed_like_a_fresh_state(mesh_run, tmp_path):
     for _ in range(3):
         next(run.prompt_batches)
     state = _advanced(run.state, seed=7)
-    manager = _checkpoint.checkpoint_manager(tmp_path / "checkpoints", keep=2)
-    path = _checkpoint.save_checkpoint(
-        manager, state, run.prompt_batches, config=run.config, metrics_bytes=123
-    )
+    manager = checkpoint.checkpoint_manager(tmp_path / "checkpoints", keep=2)
+    path = _save(manager, state, run, 123)
     following = [np.asarray(next(run.prompt_batches)) for _ in range(2)]
     assert path == str(tmp_path / "checkpoints" / "3")
 
-    template = _checkpoint.abstract_state(run.state)
-    restored = _checkpoint.restore_checkpoint(
-        _checkpoint.checkpoint_manager(tmp_path / "checkpoints", keep=2),
+    template = checkpoint.abstract_state(run.state)
+    restored = checkpoint.restore_checkpoint(
+        checkpoint.checkpoint_manager(tmp_path / "checkpoints", keep=2),
         template,
         run.prompt_batches,
     )
     assert restored.step == 3 and restored.path == path
     assert restored.meta["metrics_bytes"] == 123
-    assert restored.meta["config"] == _checkpoint.config_dict(run.config)
+    assert restored.meta["config"] == configs.config_dict(run.config)
     got, want = jax.tree_util.tree_flatten(restored.state), jax.tree_util.tree_flatten(state)
     assert got[1] == want[1], "same pytree structure"
     for a, b, fresh in zip(got[0], want[0], jax.tree.leaves(run.state), strict=True):
@@ -131,9 +135,9 @@ def _copy(written, tmp_path):
 
 
 def _restore(mesh_run, directory):
-    return _checkpoint.restore_checkpoint(
-        _checkpoint.checkpoint_manager(directory, keep=2),
-        _checkpoint.abstract_state(mesh_run.state),
+    return checkpoint.restore_checkpoint(
+        checkpoint.checkpoint_manager(directory, keep=2),
+        checkpoint.abstract_state(mesh_run.state),
         mesh_run.prompt_batches,
     )
 
@@ -202,18 +206,16 @@ def test_a_corrupt_latest_checkpoint_is_named_and_the_previous_one_restored(
     assert any(warning in r.getMessage() for r in caplog.records), caplog.text
     # Set aside (kept, not deleted), so that the resumed run can save step 4 again.
     assert sorted(os.listdir(directory)) == ["3"]
-    assert os.path.isdir(tmp_path / _checkpoint.CORRUPT_DIR / "4")
+    assert os.path.isdir(tmp_path / checkpoint.CORRUPT_DIR / "4")
 
 
 def test_after_a_fallback_the_step_is_saved_again(mesh_run, written, tmp_path):
     directory = _copy(written, tmp_path)
     _truncate(directory / "4")
     restored = _restore(mesh_run, directory)
-    manager = _checkpoint.checkpoint_manager(directory, keep=2)
+    manager = checkpoint.checkpoint_manager(directory, keep=2)
     state = restored.state._replace(step=restored.state.step + 1)
-    _checkpoint.save_checkpoint(
-        manager, state, mesh_run.prompt_batches, config=mesh_run.config, metrics_bytes=0
-    )
+    _save(manager, state, mesh_run, 0)
     assert list(manager.all_steps()) == [3, 4]
     assert _restore(mesh_run, _copy((directory, None), tmp_path / "again")).step == 4
 
@@ -233,17 +235,17 @@ def test_no_usable_checkpoint_is_an_error_naming_each_and_moves_nothing(
 
 def test_a_config_that_changes_the_run_is_refused_by_name():
     config = _config()
-    saved = _checkpoint.config_dict(config)
+    saved = configs.config_dict(config)
     resumable = _config()
     resumable.steps = 100
     resumable.progress = True
     resumable.checkpoint.every_steps = 7
-    _resume.check_config(saved, resumable, "ckpt/4")
+    configs.check_resumable(saved, resumable, "ckpt/4")
     changed = _config()
     changed.optimizer.learning_rate = 0.5
     changed.method = "grpo"
     with pytest.raises(ValueError, match="ckpt/4") as error:
-        _resume.check_config(saved, changed, "ckpt/4")
+        configs.check_resumable(saved, changed, "ckpt/4")
     assert "optimizer.learning_rate: saved 0.01, now 0.5" in str(error.value)
     assert "method: saved 'gdro_both', now 'grpo'" in str(error.value)
     assert "steps" not in str(error.value).split("Differing fields:")[1].split(". Use")[0]
@@ -258,9 +260,9 @@ def test_rewind_keeps_the_rows_up_to_the_cursor_byte_for_byte(tmp_path):
     rows = _rows(range(1, 7))
     path.write_bytes(b"".join(rows))
     cursor = len(b"".join(rows[:4]))
-    assert _metrics.rewind_metrics(path, 4, cursor) == 2
+    assert train.rewind_metrics(path, 4, cursor) == 2
     assert path.read_bytes() == b"".join(rows[:4])
-    assert _metrics.rewind_metrics(path, 4, cursor) == 0
+    assert train.rewind_metrics(path, 4, cursor) == 0
 
 
 def test_rewind_without_a_matching_cursor_keeps_rows_up_to_the_step(tmp_path, caplog):
@@ -268,14 +270,14 @@ def test_rewind_without_a_matching_cursor_keeps_rows_up_to_the_step(tmp_path, ca
     rows = _rows(range(1, 7))
     path.write_bytes(b"".join(rows))
     with caplog.at_level(logging.WARNING):
-        assert _metrics.rewind_metrics(path, 3, 5) == 3
+        assert train.rewind_metrics(path, 3, 5) == 3
     assert path.read_bytes() == b"".join(rows[:3])
     assert "does not match the checkpoint's cursor" in caplog.text
 
 
 def test_the_first_stop_signal_is_a_request_and_the_second_interrupts():
     previous = signal.getsignal(signal.SIGTERM)
-    with _preemption.stop_on_signals() as stop:
+    with stop_on_signals() as stop:
         assert stop.signum is None
         os.kill(os.getpid(), signal.SIGTERM)
         assert stop.signum == signal.SIGTERM
@@ -286,11 +288,12 @@ def test_the_first_stop_signal_is_a_request_and_the_second_interrupts():
 
 def test_checkpoint_options_are_validated():
     config = _config()
-    assert _checkpoint.checkpoint_options(config) == (True, 1, 2)
+    settings = configs.read_run_config(config).checkpoint
+    assert settings == configs.CheckpointSettings(enabled=True, every_steps=1, keep=2)
     config.checkpoint.keep = 0
-    with pytest.raises(ValueError, match="keep=0"):
-        _checkpoint.checkpoint_options(config)
+    with pytest.raises(ValueError, match="config.checkpoint.keep must be an int >= 1.*keep=0"):
+        configs.read_run_config(config)
     config.checkpoint.keep = 2
     config.checkpoint.every_steps = 0
     with pytest.raises(ValueError, match="every_steps=0"):
-        _checkpoint.checkpoint_options(config)
+        configs.read_run_config(config)

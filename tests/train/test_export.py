@@ -1,4 +1,4 @@
-"""A finished run: its summary lines, and its checkpoint as a policy (`policy_from_checkpoint`,
+"""A finished run: its summary lines, and its checkpoint as a policy (`checkpoint.restore_policy`,
 `eval.load_policy`)."""
 
 import os
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from gdro_jax import checkpoint, tasks, train
 from gdro_jax import eval as evaluation
-from gdro_jax import tasks, train
 from tests.train.configs import small_run_config
 
 
@@ -50,7 +50,7 @@ def test_the_newest_checkpoint_gives_the_final_policy_and_reads_only(tmp_path):
     empty = tmp_path / "empty"
     (empty / "checkpoints").mkdir(parents=True)
     with pytest.raises(FileNotFoundError, match="holds no checkpoint"):
-        train.policy_from_checkpoint(empty)
+        checkpoint.restore_policy(empty)
 
 
 def test_a_relative_workdir_checkpoints_and_resumes(tmp_path, monkeypatch):

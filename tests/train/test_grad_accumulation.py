@@ -26,8 +26,8 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from gdro_jax import losses, models, train
-from gdro_jax.train._step import minibatch_step
+from gdro_jax import losses, models
+from gdro_jax.step import GRPOConfig, init_train_state, make_update, minibatch_step
 from tests.train.test_update_reference import (
     EPS_HIGH,
     EPS_LOW,
@@ -126,7 +126,7 @@ def _policy(mesh=None):
 def setup():
     model = _policy()
     gdro, prompt = _controllers("gdro_both")
-    graphdef, state = train.init_train_state(model, TX, gdro, seed=3, with_reference=True)
+    graphdef, state = init_train_state(model, TX, gdro, seed=3, with_reference=True)
     state = state._replace(
         gdro=_seeded(state.gdro), ref_params=_perturbed(state.params, jax.random.key(7))
     )
@@ -150,7 +150,7 @@ def setup():
 
 
 def _grpo(aggregation, kl_coef, micro_batch_slots, **overrides):
-    return train.GRPOConfig(
+    return GRPOConfig(
         num_minibatches=NUM_MINIBATCHES,
         eps_low=EPS_LOW,
         eps_high=EPS_HIGH,
@@ -251,7 +251,7 @@ def test_a_sharded_update_equals_the_unaccumulated_and_compiles_once(setup):
     # The policy on a 2 x 2 x 2 mesh (8 fake CPU devices); the rest replicated, as in build_run.
     mesh = models.make_mesh(2, 2, 2)
     replicated = NamedSharding(mesh, P())
-    graphdef, state = train.init_train_state(
+    graphdef, state = init_train_state(
         _policy(mesh), TX, setup["gdro"], seed=3, with_reference=True
     )
     state = state._replace(
@@ -267,7 +267,7 @@ def test_a_sharded_update_equals_the_unaccumulated_and_compiles_once(setup):
 
     def build(micro):
         grpo = _grpo("seq_mean_token_mean", KL_COEF, micro, loss_signal="surrogate_kl")
-        return train.make_update(
+        return make_update(
             graphdef,
             TX,
             setup["gdro"],
@@ -318,7 +318,7 @@ def test_a_micro_batch_size_that_does_not_divide_the_minibatch_is_refused(setup)
         match=r"grpo\.micro_batch_slots must divide the 16 slots of a mini-batch \(R = 32 slots / "
         r"grpo\.num_minibatches=2\).* got grpo\.micro_batch_slots=3",
     ):
-        train.make_update(
+        make_update(
             setup["graphdef"],
             TX,
             setup["gdro"],

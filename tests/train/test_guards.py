@@ -7,14 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gdro_jax import train
-from gdro_jax.train._guards import (
-    HostRewardCaller,
-    NonFiniteStepsError,
-    RewardError,
-    check_model_fits,
-    validate_config,
-)
+from gdro_jax import configs, train
+from gdro_jax.step import HostRewardCaller, NonFiniteStepsError, RewardError
+from gdro_jax.train import check_model_fits
 from tests.train.configs import small_run_config
 
 
@@ -55,7 +50,7 @@ def _config(method="grpo", **overrides):
 )
 def test_configs_that_cannot_work_name_the_field(overrides, message):
     with pytest.raises(ValueError, match=message):
-        validate_config(_config(**overrides))
+        configs.read_run_config(_config(**overrides))
 
 
 def test_guard_limit_is_validated_and_a_bad_config_builds_nothing():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from gdro_jax import sampling, train
+from gdro_jax import configs, sampling, train
 from tests.train.configs import parity_reward, small_run_config, tiny_config
 
 
@@ -53,4 +53,4 @@ def test_the_kv_cache_is_bfloat16_and_the_log_probs_float32(bf16_step):
 def test_bfloat16_master_parameters_are_refused_naming_the_field():
     config = tiny_config("grpo", **{"model.param_dtype": "bfloat16"})
     with pytest.raises(ValueError, match=r"config.model.param_dtype must be float32"):
-        train.validate_config(config)
+        configs.read_run_config(config)

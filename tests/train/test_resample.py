@@ -8,19 +8,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gdro_jax import controllers, train
+from gdro_jax import configs, controllers, train
 from tests.train.configs import tiny_config
 
 
 def test_the_config_builds_a_resampling_adversary_only_where_prompt_gdro_is_on():
     config = tiny_config("gdro_both", **{"prompt_gdro.realisation": "resample"})
-    _, prompt = train.build_controllers(config, 64)
+    _, prompt = configs.build_controllers(config, 64)
     assert prompt.realisation == "resample"
     config = tiny_config("rollout_gdro", **{"prompt_gdro.realisation": "resample"})
-    assert train.build_controllers(config, 64)[1] is None
+    assert configs.build_controllers(config, 64)[1] is None
     config = tiny_config("prompt_gdro", **{"prompt_gdro.realisation": "resampled"})
     with pytest.raises(ValueError, match=r"config\.prompt_gdro\.realisation must be one of"):
-        train.build_controllers(config, 64)
+        configs.build_controllers(config, 64)
 
 
 def test_a_step_uses_the_prompts_the_plan_drew():
@@ -53,9 +53,8 @@ def test_a_step_uses_the_prompts_the_plan_drew():
         seen["update"] = np.asarray(ids)
         return state, {"consecutive_skips": jnp.zeros((), jnp.int32)}
 
-    config = tiny_config("prompt_gdro")
     run = types.SimpleNamespace(
-        config=config,
+        settings=configs.read_run_config(tiny_config("prompt_gdro")),
         mesh=None,
         plan=plan,
         rollout=rollout,

@@ -8,9 +8,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from gdro_jax import tasks, train
-from gdro_jax.train._checkpoint import config_dict
-from gdro_jax.train._resume import config_differences
+from gdro_jax import configs, tasks, train
+from gdro_jax.step import KVCacheEngine, Rollouts
 from tests.train.configs import small_run_config
 
 
@@ -52,7 +51,7 @@ class HalfOracle:
                 completion_lengths[r] = int(np.argmax(solution == tasks.EOS_ID)) + 1
                 tokens[r, : completion_lengths[r]] = solution[: completion_lengths[r]]
         within = np.arange(M)[None] < completion_lengths[:, None]
-        return train.Rollouts(
+        return Rollouts(
             prompt_tokens=left,
             prompt_lengths=lengths[prompt_of_slot].astype(np.int32),
             tokens=tokens,
@@ -97,7 +96,7 @@ def test_micro_batches_change_no_rollout_of_the_trainer():
     plan = run.plan(run.state.gdro, ids, jax.random.key(1))
     key = jax.random.key(2)
     whole = run.rollout(run.state.params, plan, ids, key)
-    chunked = train.KVCacheEngine(
+    chunked = KVCacheEngine(
         run.graphdef,
         max_new_tokens=run.config.max_new_tokens,
         temperature=run.config.grpo.temperature,
@@ -125,14 +124,14 @@ def test_the_rollout_block_is_validated(value, mesh_data, message):
     config = small_run_config("grpo", **{"mesh.data": mesh_data})
     config.rollout = ml_collections.ConfigDict(dict(micro_batch_slots=value))  # any type
     with pytest.raises(ValueError, match=message):
-        train.validate_config(config)
+        configs.read_run_config(config)
 
 
 def test_the_rollout_block_is_optional_and_resumable():
     config = small_run_config("grpo", **{"rollout.micro_batch_slots": 4})
-    train.validate_config(config)
+    configs.read_run_config(config)
     old = small_run_config("grpo")
     del old["rollout"]  # a config, or a checkpoint's config, from before the field
-    train.validate_config(old)
-    assert config_differences(config_dict(old), config) == []
-    assert config_differences(config_dict(config), small_run_config("grpo")) == []
+    configs.read_run_config(old)
+    assert configs.config_differences(configs.config_dict(old), config) == []
+    assert configs.config_differences(configs.config_dict(config), small_run_config("grpo")) == []

@@ -7,7 +7,7 @@ import optax
 import pytest
 from flax import nnx
 
-from gdro_jax import train
+from gdro_jax import configs, train
 from tests.train.configs import parity_reward, tiny_config
 
 
@@ -74,7 +74,7 @@ def test_grpo_step_equals_a_hand_written_reference():
     expected = _reference_grpo_update(
         run.graphdef,
         run.state.params,
-        train.make_optimizer(config.optimizer),
+        configs.make_optimizer(configs.OptimizerConfig.from_block(config.optimizer)),
         run.state.opt_state,
         rollouts,
         plan.prompt_of_slot,

@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gdro_jax import controllers, train
+from gdro_jax import controllers
+from gdro_jax.step import Rollouts, TrainState, step_metrics
 
 NUM_BINS = 5
 BINS = np.array([0, 3, 3, 4])
@@ -36,7 +37,7 @@ def _inputs(with_prompt_adversary):
         advantage_weights=jnp.asarray(WEIGHTS, jnp.float32),
         mu=jnp.asarray(MU, jnp.float32),
     )
-    rollouts = train.Rollouts(
+    rollouts = Rollouts(
         prompt_tokens=jnp.ones((len(REWARDS), 2), jnp.int32),
         prompt_lengths=jnp.full((len(REWARDS),), 2, jnp.int32),
         tokens=jnp.ones((len(REWARDS), MAX_NEW_TOKENS), jnp.int32),
@@ -53,8 +54,8 @@ def _inputs(with_prompt_adversary):
             scores=jnp.asarray(SCORES, jnp.float32), seen=jnp.ones((NUM_BINS,), bool)
         )
     gdro = controllers.GDROState(classifier=None, prompt=prompt_state, rollout=None)
-    state = train.TrainState(**dict.fromkeys(train.TrainState._fields))._replace(gdro=gdro)
-    metrics = train.step_metrics(
+    state = TrainState(**dict.fromkeys(TrainState._fields))._replace(gdro=gdro)
+    metrics = step_metrics(
         state,
         plan,
         rollouts,

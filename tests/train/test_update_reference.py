@@ -22,7 +22,8 @@ import optax
 import pytest
 from flax import nnx
 
-from gdro_jax import controllers, models, train
+from gdro_jax import controllers, models
+from gdro_jax.step import GRPOConfig, Rollouts, init_train_state, make_update
 
 NUM_PROMPTS, N_MEAN = 8, 4
 NUM_SLOTS = NUM_PROMPTS * N_MEAN
@@ -193,7 +194,7 @@ def _batch(graphdef, params, plan, temperature, seed):
             rewards[members] = 1.0 if prompt == ALL_CORRECT else -1.0
         else:  # mixed
             rewards[members[0]], rewards[members[-1]] = 1.0, -1.0
-    batch = train.Rollouts(
+    batch = Rollouts(
         prompt_tokens=jnp.asarray(prompts_NP[prompt_of_slot], jnp.int32),
         prompt_lengths=jnp.asarray(prompt_lengths_N[prompt_of_slot], jnp.int32),
         tokens=jnp.asarray(tokens, jnp.int32),
@@ -224,7 +225,7 @@ def result(request, model):
     case = CASES[request.param]
     tx = optax.chain(optax.clip_by_global_norm(GRAD_CLIP), optax.adam(LEARNING_RATE))
     gdro, prompt = _controllers(case.method)
-    graphdef, state = train.init_train_state(
+    graphdef, state = init_train_state(
         model, tx, gdro, seed=3, with_reference=case.kl_coef > 0
     )
     state = state._replace(gdro=_seeded(state.gdro))
@@ -239,7 +240,7 @@ def result(request, model):
     plan = jax.jit(gdro.plan)(state.gdro, prompt_ids, jax.random.key(1))
     batch = _batch(graphdef, state.params, plan, case.temperature, seed=2)
 
-    grpo = train.GRPOConfig(
+    grpo = GRPOConfig(
         num_minibatches=2,
         eps_low=EPS_LOW,
         eps_high=EPS_HIGH,
@@ -247,7 +248,7 @@ def result(request, model):
         kl_coef=case.kl_coef,
         temperature=case.temperature,
     )
-    update = train.make_update(
+    update = make_update(
         graphdef,
         tx,
         gdro,

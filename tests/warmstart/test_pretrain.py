@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from experiments.configs import pretrain_tiny
+from gdro_jax import configs, losses, models, tasks, warmstart
 from gdro_jax import eval as evaluation
-from gdro_jax import losses, models, tasks, train, warmstart
 from gdro_jax.warmstart import _pretrain
 
 
@@ -156,12 +156,16 @@ def test_config_hash_tracks_training_fields_only():
 
 def test_make_optimizer_rejects_bad_schedules():
     config = _tiny_config()
+
+    def optimizer():
+        return configs.OptimizerConfig.from_block(config.train)
+
     config.train.warmup_steps = config.train.steps
     with pytest.raises(ValueError, match="warmup_steps"):
-        train.make_optimizer(config.train, decay_steps=config.train.steps)
+        configs.make_optimizer(optimizer(), decay_steps=config.train.steps)
     config.train.warmup_steps, config.train.learning_rate = 0, 0.0
     with pytest.raises(ValueError, match="learning_rate"):
-        train.make_optimizer(config.train, decay_steps=config.train.steps)
+        configs.make_optimizer(optimizer(), decay_steps=config.train.steps)
 
 
 def test_sharded_training_matches_one_device(run):

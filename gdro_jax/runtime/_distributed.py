@@ -1,4 +1,4 @@
-"""Several processes, one run: JAX's multi-controller runtime (one process per host or GPU).
+"""Joining a run of several processes: JAX's multi-controller runtime (a process per host or GPU).
 
 Every process runs the same program on its own devices; `jax.distributed.initialize` connects
 them, and a mesh built from `jax.devices()` then spans all of them. The trainer keeps every
@@ -22,8 +22,6 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import numpy as np
-from jax.experimental import multihost_utils
 
 
 def _cluster_detected(environ: dict[str, str]) -> bool:
@@ -113,48 +111,3 @@ def _connect(**kwargs) -> None:
     # have their own, which this setting does not touch.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(**kwargs)
-
-
-def is_primary() -> bool:
-    """True in process 0, the one that writes metrics, summaries and the exported model."""
-    return jax.process_index() == 0
-
-
-def global_array(value: Any, sharding: jax.sharding.Sharding) -> jax.Array:
-    """A global array with `sharding` from a host value every process holds in full.
-
-    Each process supplies its own devices' shards (`make_array_from_callback`), so this works
-    whether or not the sharding spans several processes.
-    """
-    value = np.asarray(value)
-    return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
-
-
-def agreed_signal(signum: int | None) -> int | None:
-    """The stop signal any process received (the largest number), the same in every process."""
-    if jax.process_count() == 1:
-        return signum
-    signals = multihost_utils.process_allgather(np.asarray(signum or 0, np.int32))
-    return int(np.max(signals)) or None
-
-
-def broadcast_from_primary(value: int) -> int:
-    """Process 0's `value` in every process (a collective when several run)."""
-    if jax.process_count() == 1:
-        return int(value)
-    return int(multihost_utils.broadcast_one_to_all(np.asarray(value, np.int32)))
-
-
-def to_host(tree: Any) -> Any:
-    """Every leaf as a full numpy array on every process (a collective when several run)."""
-    if jax.process_count() == 1:
-        return jax.device_get(tree)
-
-    def fetch(leaf):
-        if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
-            if leaf.is_fully_replicated:
-                return np.asarray(leaf.addressable_data(0))
-            return np.asarray(multihost_utils.process_allgather(leaf, tiled=True))
-        return np.asarray(leaf)
-
-    return jax.tree.map(fetch, tree)

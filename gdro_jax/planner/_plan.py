@@ -7,11 +7,11 @@
     peak         persistent + the larger of the two phases (they never overlap)
 
 The persistent lines are exact shapes x dtype bytes / shards; the compiled lines are
-`memory_analysis()` of the jitted rollout and update, lowered on the run's mesh with
-`jax.ShapeDtypeStruct` arguments at full depth (`_planner.py`) and compiled by the backend of the
-mesh's devices: the run's own backend in `build_run`; XLA:CPU with fake devices when planning on
-a CPU (`experiments/plan.py`), which computes bfloat16 ops in float32 and so over-states a GPU's
-temporaries for `compute_dtype="bfloat16"`.
+`memory_analysis()` of the step's rollout phase and update (`gdro_jax.step`), lowered on the run's
+mesh with `jax.ShapeDtypeStruct` arguments at full depth (`_planner.py`) and compiled by the
+backend of the mesh's devices: the run's own backend in `build_run`; XLA:CPU with fake devices
+when planning on a CPU (`experiments/plan.py`), which computes bfloat16 ops in float32 and so
+over-states a GPU's temporaries for `compute_dtype="bfloat16"`.
 
 `check_memory_plan` is what `build_run` calls when `config.device_memory_gib` is set: a plan over
 the budget raises a ValueError with the table and the knob to turn before any parameter exists.
@@ -21,15 +21,14 @@ the budget raises a ValueError with the table and the knob to turn before any pa
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 import jax
-import ml_collections
 import numpy as np
 
-from gdro_jax import models, tasks
-from gdro_jax.train._guards import validate_config
-from gdro_jax.train._planner import Planner, bytes_per_device, mesh_shape
+from gdro_jax import configs, models, runtime, tasks
+from gdro_jax.planner._planner import Planner, bytes_per_device
 
 GIB = 1024**3
 FSDP, ROLLOUT, UPDATE = "mesh.fsdp", "rollout.micro_batch_slots", "grpo.micro_batch_slots"
@@ -194,17 +193,26 @@ def _unit(size: int) -> tuple[str, int]:
     return "KiB", 1024
 
 
-def _budget_bytes(config: ml_collections.ConfigDict) -> int | None:
-    """`config.device_memory_gib` in bytes, validated; None when the field is absent or None."""
-    gib = config.get("device_memory_gib", None)
-    if gib is None:
-        return None
-    if isinstance(gib, bool) or not isinstance(gib, int | float) or not gib > 0:
+def _settings(config: Mapping[str, Any] | configs.RunSettings, shape) -> configs.RunSettings:
+    """The run's settings, read for a mesh of `shape` (refused when `config.mesh` differs)."""
+    if isinstance(config, configs.RunSettings):
+        configured = config.mesh
+    else:
+        configured = configs.mesh_shape_of(configs.complete(config, configs.run_schema()))
+    if tuple(shape) != tuple(configured):
         raise ValueError(
-            "config.device_memory_gib must be None (no limit) or a positive number of GiB, got "
-            f"device_memory_gib={gib!r}"
+            f"config.mesh is {dict(zip(models.MESH_AXES, configured, strict=True))} but the mesh "
+            f"to plan on is {dict(zip(models.MESH_AXES, shape, strict=True))}"
         )
-    return round(gib * GIB)
+    if isinstance(config, configs.RunSettings):
+        return config
+    return configs.read_run_config(config, num_devices=int(np.prod(shape)))
+
+
+def _budget_bytes(settings: configs.RunSettings) -> int | None:
+    """`config.device_memory_gib` in bytes; None: no limit."""
+    gib = settings.device_memory_gib
+    return None if gib is None else round(gib * GIB)
 
 
 def _largest_fitting(candidates: list[int], fits) -> int | None:
@@ -224,7 +232,7 @@ def _largest_fitting(candidates: list[int], fits) -> int | None:
 
 
 def memory_plan(
-    config: ml_collections.ConfigDict,
+    config: Mapping[str, Any] | configs.RunSettings,
     mesh=None,
     *,
     task: tasks.RLTask | None = None,
@@ -234,8 +242,9 @@ def memory_plan(
     """The per-device memory of `config`'s training step on `mesh`; nothing is allocated.
 
     Args:
-      config: a run config (`experiments/configs/*.py`); `device_memory_gib` is the budget.
-      mesh: the run's `data` x `fsdp` x `tensor` mesh (`mesh_from_config`; `planning_mesh` on
+      config: a run config (`experiments/configs/*.py`) or its `RunSettings`;
+        `device_memory_gib` is the budget.
+      mesh: the run's `data` x `fsdp` x `tensor` mesh (`configs.run_mesh`; `planning_mesh` on
         fake CPU devices), or None for one device.
       task: the run's task, when built (its prompt width, pool size and stop ids); default: the
         chain task's from `config.task`, or `config.math.max_prompt_tokens` for math (an upper
@@ -250,22 +259,14 @@ def memory_plan(
       The `MemoryPlan`.
 
     Raises:
-      ValueError: naming `config.device_memory_gib` or any field `validate_config` refuses, or
-        `config.mesh` when it differs from `mesh`.
+      ValueError: naming `config.mesh` when it differs from `mesh`, or any field
+        `configs.read_run_config` refuses.
     """
-    budget = _budget_bytes(config)
-    shape = mesh_shape(mesh)
-    if shape != tuple(config.mesh[axis] for axis in models.MESH_AXES):
-        raise ValueError(
-            f"config.mesh is {dict(config.mesh)} but the mesh to plan on is "
-            f"{dict(zip(models.MESH_AXES, shape, strict=True))}"
-        )
-    validate_config(config, num_devices=int(np.prod(shape)))
-    planner = Planner(config, mesh, task)
-    rollout_slots = min(
-        config.get("rollout", {}).get("micro_batch_slots", None) or planner.num_slots,
-        planner.num_slots,
-    )
+    shape = runtime.mesh_shape(mesh)
+    settings = _settings(config, shape)
+    budget = _budget_bytes(settings)
+    planner = Planner(settings, mesh, task)
+    rollout_slots = min(settings.rollout_micro_batch_slots or planner.num_slots, planner.num_slots)
     update_slots = planner.grpo_config.micro_batch_slots or planner.minibatch_slots
     kv_cache = planner.kv_cache_bytes(rollout_slots)
     optimizer = bytes_per_device(planner.opt_state)
@@ -289,7 +290,7 @@ def memory_plan(
         labels["reference"] = f"reference model (kl_coef={planner.grpo_config.kl_coef:g})"
     notes = [
         f"R = {planner.num_slots} slots of P + M = {planner.prompt_width} + "
-        f"{config.max_new_tokens} tokens; mini-batches of {planner.minibatch_slots} slots",
+        f"{settings.max_new_tokens} tokens; mini-batches of {planner.minibatch_slots} slots",
     ]
     if planner.device.platform == "cpu" and c.compute_dtype != "float32":
         # Seen in its buffer assignment (the MLP's [tokens, F] activations as float32), and
@@ -342,12 +343,16 @@ def memory_plan(
 
 
 def check_memory_plan(
-    config: ml_collections.ConfigDict, mesh=None, *, task: tasks.RLTask | None = None
+    config: Mapping[str, Any] | configs.RunSettings,
+    mesh=None,
+    *,
+    task: tasks.RLTask | None = None,
 ) -> MemoryPlan | None:
     """Raises before anything is allocated when the plan exceeds `config.device_memory_gib`.
 
     Args:
-      config: the run config; nothing is checked when `device_memory_gib` is None or absent.
+      config: the run config or its `RunSettings`; nothing is checked when
+        `device_memory_gib` is None.
       mesh: the run's mesh (None: one device).
       task: the run's task, for its prompt width (see `memory_plan`).
 
@@ -359,15 +364,16 @@ def check_memory_plan(
         (`rollout.micro_batch_slots` for the rollout's KV cache, `grpo.micro_batch_slots` for
         the update's temporaries, `mesh.fsdp` for the persistent state) and holds the table.
     """
-    if _budget_bytes(config) is None:
+    settings = _settings(config, runtime.mesh_shape(mesh))
+    if settings.device_memory_gib is None:
         return None
-    plan = memory_plan(config, mesh, task=task, early_exit=True)
+    plan = memory_plan(settings, mesh, task=task, early_exit=True)
     if not plan.fits:
         raise ValueError(f"{plan.error()}\n{plan.table()}")
     return plan
 
 
-def planning_mesh(config: ml_collections.ConfigDict):
+def planning_mesh(config: Mapping[str, Any]):
     """The mesh of `config.mesh` to plan on, without a run: the default backend's devices when it
     has enough, else CPU devices; None for one device.
 
@@ -378,10 +384,7 @@ def planning_mesh(config: ml_collections.ConfigDict):
     Raises:
       ValueError: naming `config.mesh` when no backend has enough devices.
     """
-    shape = tuple(config.mesh[axis] for axis in models.MESH_AXES)
-    for axis, size in zip(models.MESH_AXES, shape, strict=True):
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ValueError(f"config.mesh.{axis} must be a positive int, got {axis}={size!r}")
+    shape = configs.mesh_shape_of(configs.complete(config, configs.run_schema()))
     count = int(np.prod(shape))
     if count == 1:
         return None

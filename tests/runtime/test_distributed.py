@@ -1,9 +1,9 @@
-"""When `experiments/train.py` joins a multi-process run (`train.initialize_distributed`): the
+"""When `experiments/train.py` joins a multi-process run (`runtime.initialize`): the
 decision table, with a recording stand-in for `jax.distributed.initialize`."""
 
 import pytest
 
-from gdro_jax.train import initialize_distributed
+from gdro_jax.runtime import initialize as initialize_distributed
 
 
 class Recorder:

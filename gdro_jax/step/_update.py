@@ -27,36 +27,46 @@ from flax import nnx
 from gdro_jax import losses, models
 from gdro_jax.controllers import MultiAdversary, Plan, PromptGDRO
 from gdro_jax.sampling import completion_logprobs
-from gdro_jax.train._metrics import step_metrics
-from gdro_jax.train._rollouts import Rollouts
-from gdro_jax.train._state import TrainState
+from gdro_jax.step._engines import Rollouts
+from gdro_jax.step._guard import keep_if_finite
+from gdro_jax.step._metrics import step_metrics
+from gdro_jax.step._state import TrainState
 
 
 @dataclasses.dataclass(frozen=True)
 class GRPOConfig:
-    """Hyperparameters of the GRPO update (SPEC section 2) and of the adversaries' loss signal."""
+    """Hyperparameters of the GRPO update (SPEC section 2) and of the adversaries' loss signal.
 
-    num_minibatches: int = 2  # optimizer steps per rollout batch (paper: 256 prompts / 128)
+    Attributes:
+      num_minibatches: optimizer steps per rollout batch (paper: 256 prompts in two of 128).
+      eps_low: the clipped ratio's lower bound is 1 - eps_low.
+      eps_high: the clipped ratio's upper bound is 1 + eps_high (clip-higher).
+      aggregation: how token losses become the loss (`gdro_jax.losses.AGGREGATIONS`).
+      kl_coef: beta of the k3 KL to the initial policy; 0 builds and runs no reference model.
+      normalize_std: divide advantages by the group's std (False: Dr.GRPO advantages).
+      advantage_estimator: the group std, "sample" (the released code's, verl's N-1; a group
+        of one keeps its reward) or "population" (N; a group of one gets 0).
+      advantage_clip: clip advantages to this magnitude (SPEC 2's 5 never binds for binary
+        rewards with n_i <= 12, where |A| <= 3.2); None applies no clip, as the released code.
+      loss_signal: Prompt-GDRO's per-prompt signal (`gdro_jax.losses.SIGNALS`).
+      temperature: the sampling temperature; log-probs are taken under it.
+      micro_batch_slots: gradient accumulation: slots per forward/backward pass, dividing a
+        mini-batch (None or at least a mini-batch: one pass); changes float rounding only.
+      logprob_chunk_tokens: positions per output-projection chunk, recomputed in the backward
+        pass, so the [slots, P + M, vocab] logits never exist at once (None: all at once).
+    """
+
+    num_minibatches: int = 2
     eps_low: float = 0.2
-    eps_high: float = 0.28  # clip-higher
-    aggregation: str = "token_mean"  # see gdro_jax.losses.AGGREGATIONS
-    kl_coef: float = 0.0  # beta; 0 builds and runs no reference model
-    normalize_std: bool = True  # False: Dr.GRPO advantages
-    # "sample": the released code's (verl) N-1 std, a group of one keeps its reward; "population":
-    # the N std, a group of one gets 0. See losses.group_advantages.
+    eps_high: float = 0.28
+    aggregation: str = "token_mean"
+    kl_coef: float = 0.0
+    normalize_std: bool = True
     advantage_estimator: str = "sample"
-    # SPEC 2's 5 never binds for binary rewards with n_i <= 12 (|A| <= (n-1)/sqrt(n) = 3.2); None
-    # applies no clip, as the released code.
     advantage_clip: float | None = 5.0
-    loss_signal: str = "failure_rate"  # Prompt-GDRO's per-prompt signal, see losses.SIGNALS
-    temperature: float = 1.0  # sampling temperature; log-probs are taken under it
-    # Gradient accumulation: slots per forward/backward pass, dividing each mini-batch; bounds
-    # activation memory. None (or at least a mini-batch): the whole mini-batch at once. Changes
-    # float rounding only.
+    loss_signal: str = "failure_rate"
+    temperature: float = 1.0
     micro_batch_slots: int | None = None
-    # Positions per output-projection chunk (`completion_logprobs(chunk_size=...)`, recomputed in
-    # the backward pass): the [slots, P + M, vocab] float32 logits never exist at once. None: all
-    # positions at once. Changes float rounding only.
     logprob_chunk_tokens: int | None = None
 
     def __post_init__(self):
@@ -202,29 +212,6 @@ def minibatch_step(
     params = optax.apply_updates(params, updates)
     metrics = dict(metrics, grad_norm=optax.tree.norm(grads))
     return (params, opt_state), (metrics, logp, ref_logp)
-
-
-def keep_if_finite(
-    state: TrainState, candidate: TrainState, finite: jax.Array, key: jax.Array
-) -> TrainState:
-    """The guard: `candidate`'s params, optimizer and controllers if `finite`, else `state`'s.
-
-    A step with a non-finite loss, gradient or reward is skipped whole and counted; the step
-    counter and the key still advance so the next step samples afresh.
-    """
-
-    def pick(new, old):
-        return jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
-
-    return state._replace(
-        params=pick(candidate.params, state.params),
-        opt_state=pick(candidate.opt_state, state.opt_state),
-        gdro=pick(candidate.gdro, state.gdro),
-        key=key,
-        step=state.step + 1,
-        skipped_steps=state.skipped_steps + (~finite).astype(jnp.int32),
-        consecutive_skips=jnp.where(finite, 0, state.consecutive_skips + 1),
-    )
 
 
 def _in_slot_order(values_bSM: jax.Array, minibatch_idx: jax.Array, like_RM: jax.Array):

@@ -7,17 +7,21 @@ host.
 
 The trainer samples through a `RolloutEngine`: `KVCacheEngine` (the built-in sampler) by default,
 or any object with the same two methods passed to `build_run(config, rollout_engine=...)`, e.g.
-a client of an inference server that keeps its own copy of the weights.
+a client of an inference server that keeps its own copy of the weights. `rollout_phase` turns an
+engine and the prompt pool's arrays into the step's rollout function: the built-in engine fused
+into one jit, another engine called eagerly after its weights are synced.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from gdro_jax import runtime
 from gdro_jax.controllers import Plan
 from gdro_jax.sampling import generate
 
@@ -190,3 +194,45 @@ class WeightSync:
             return state, metrics
 
         return update_then_sync
+
+
+def rollout_phase(
+    engine: KVCacheEngine | WeightSync, prompt_tokens_DP, prompt_lengths_D, *, mesh=None
+) -> Callable:
+    """The step's rollout function `(params, plan, prompt_ids_N, key) -> Rollouts`.
+
+    Args:
+      engine: the built-in `KVCacheEngine`, fused with the prompts' lookup into one jit; or a
+        `WeightSync` around another engine, called eagerly after syncing its weights when the
+        parameters changed (e.g. a resumed state).
+      prompt_tokens_DP: the pool's D prompts, right-padded (host or device arrays).
+      prompt_lengths_D: their lengths.
+      mesh: the run's mesh: the rollouts' slots go on its batch axes (None: one device).
+
+    Returns:
+      The rollout function; its rewards are 0 until the reward phase scores them.
+    """
+    prompt_tokens = jnp.asarray(prompt_tokens_DP)
+    prompt_lengths = jnp.asarray(prompt_lengths_D)
+    if isinstance(engine, WeightSync):
+        sync = engine
+
+        def external_rollout(params, plan, prompt_ids, key):
+            sync(params)
+            result = sync.engine.generate(
+                params, plan, prompt_tokens[prompt_ids], prompt_lengths[prompt_ids], key
+            )
+            return jax.tree.map(
+                lambda x: jax.device_put(x, runtime.batch_sharding(mesh, x.shape)), result
+            )
+
+        return external_rollout
+
+    @jax.jit
+    def rollout(params, plan, prompt_ids, key):
+        result = engine.generate(
+            params, plan, prompt_tokens[prompt_ids], prompt_lengths[prompt_ids], key
+        )
+        return runtime.constrain_batch(mesh, result)
+
+    return rollout

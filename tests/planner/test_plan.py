@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from gdro_jax import models, tasks, train
-from gdro_jax.train import _assemble
+from gdro_jax import configs, models, planner, tasks, train
+from gdro_jax.train import _run
 from tests.train.configs import tiny_config
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -43,7 +43,7 @@ def small_config(**overrides):
 @pytest.fixture(scope="module")
 def plan():
     config = small_config()
-    return train.memory_plan(config, train.mesh_from_config(config))
+    return planner.memory_plan(config, configs.run_mesh(configs.read_run_config(config)))
 
 
 def hand_parameter_bytes(model, shards: int) -> int:
@@ -129,7 +129,7 @@ def test_a_run_over_its_budget_is_refused_before_any_parameter_exists(tmp_path, 
     def allocate(*args, **kwargs):
         raise AssertionError("the policy was allocated before the memory plan refused the run")
 
-    monkeypatch.setattr(_assemble, "_load_policy", allocate)
+    monkeypatch.setattr(_run, "load_policy", allocate)
     embedding = (config.model.vocab_size, config.model.d_model)
     before = {id(array) for array in jax.live_arrays()}
     workdir = tmp_path / "run"
@@ -201,4 +201,4 @@ def test_plan_command_exits_0_within_the_budget_and_1_over_it(tmp_path):
 def test_a_config_mesh_unlike_the_mesh_is_refused():
     config = small_config()
     with pytest.raises(ValueError, match="config.mesh"):
-        train.memory_plan(config, models.make_mesh(1, 2, 1))
+        planner.memory_plan(config, models.make_mesh(1, 2, 1))

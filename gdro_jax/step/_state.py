@@ -7,7 +7,6 @@ lives outside the state, so the state can be donated, checkpointed and `jax.eval
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import jax
@@ -19,7 +18,7 @@ from jax.sharding import PartitionSpec as P
 
 from gdro_jax.controllers import GDROState, MultiAdversary
 from gdro_jax.models import Decoder
-from gdro_jax.train._distributed import global_array
+from gdro_jax.runtime import replicate
 
 
 class TrainState(NamedTuple):
@@ -100,23 +99,6 @@ def _init_optimizer(tx: optax.GradientTransformation, params: nnx.State, mesh: M
         is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct),
     )
     return jax.jit(tx.init, out_shardings=shardings)(params)
-
-
-def replicate(tree, mesh: Mesh):
-    """Places every leaf of `tree` fully replicated on `mesh` (which may span processes: every
-    process then holds the same value and supplies its own devices' copies)."""
-    sharding = NamedSharding(mesh, P())
-    if jax.process_count() == 1:
-        return jax.device_put(tree, sharding)
-
-    def put(leaf):
-        if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
-            data = global_array(jax.device_get(jax.random.key_data(leaf)), sharding)
-            wrap = functools.partial(jax.random.wrap_key_data, impl=jax.random.key_impl(leaf))
-            return jax.jit(wrap, out_shardings=sharding)(data)
-        return global_array(jax.device_get(leaf), sharding)
-
-    return jax.tree.map(put, tree)
 
 
 def state_shardings(state: TrainState):

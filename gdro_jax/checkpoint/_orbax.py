@@ -1,16 +1,16 @@
-"""Checkpoints with orbax: exact resume of a run after a crash, a kill or a preemption.
+"""Checkpoints with orbax over any pytree: save, restore and checksums.
 
-Save, restore and checksums only: the resume rules (which config fields may change) live in
-`_resume.py`, the metrics cursor in `_metrics.py`, signal handling in `_preemption.py`.
+The trainer's use (`gdro_jax.train`): exact resume of a run after a crash, a kill or a
+preemption; the resume rules live in `configs.check_resumable`, the metrics cursor in the
+trainer's log writers, signal handling in its loop.
 
-One checkpoint is one orbax step folder `workdir/checkpoints/<step>/` with three items:
+One checkpoint is one orbax step folder `<directory>/<step>/` with up to three items:
 
-    state  the whole `TrainState` (params, optimizer, controller states, RNG key, step, and any
-           field added later), saved leaf by leaf under its pytree path; typed PRNG keys as
-           their key data
-    data   the grain iterator's position (grain's own orbax handler)
-    meta   JSON: the run's config, the metrics cursor (bytes of `metrics.jsonl` that belong to
-           steps <= this one) and a checksum of every state leaf
+    state  the pytree (for a run: the whole `TrainState`), saved leaf by leaf under its pytree
+           path; typed PRNG keys as their key data
+    data   a grain iterator's position (grain's own orbax handler), when one is given
+    meta   JSON: the caller's fields (a run's config, its metrics cursor, the policy's
+           architecture), the format, the step and a checksum of every state leaf
 
 Orbax writes a step into `<step>.orbax-checkpoint-tmp` and renames it when every item is on disk,
 so a process killed mid-write leaves the previous checkpoint as the latest complete one (the
@@ -28,23 +28,20 @@ reduction order and of the sharding, and cheap next to a training step.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
 import grain
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging as absl_logging
 
 from gdro_jax.models import CheckpointError
-from gdro_jax.train._state import TrainState
 
 CHECKPOINT_DIR = "checkpoints"  # inside the workdir
 CORRUPT_DIR = "checkpoints_corrupt"  # unusable step folders are moved here, never deleted
@@ -54,27 +51,10 @@ FORMAT_VERSION = 1
 class Checkpoint(NamedTuple):
     """A restored checkpoint."""
 
-    step: int  # the number of completed RL steps it holds
-    state: TrainState  # placed with the shardings of the template it was restored into
-    meta: dict[str, Any]  # "config", "metrics_bytes", "checksums", "format"
+    step: int  # its step (for a run: the number of completed RL steps)
+    state: Any  # placed with the shardings of the template it was restored into
+    meta: dict[str, Any]  # the caller's fields, "checksums", "format", "step"
     path: str  # its step folder
-
-
-def checkpoint_options(config: ml_collections.ConfigDict) -> tuple[bool, int, int]:
-    """`(enabled, every_steps, keep)` from `config.checkpoint` (a config without one: disabled).
-
-    Raises:
-      ValueError: `every_steps` or `keep` below 1.
-    """
-    block = config.get("checkpoint")
-    if block is None:
-        return False, 1, 1
-    every_steps, keep = int(block.every_steps), int(block.keep)
-    if every_steps < 1:
-        raise ValueError(f"checkpoint.every_steps must be >= 1, got every_steps={every_steps}")
-    if keep < 1:
-        raise ValueError(f"checkpoint.keep must be >= 1, got keep={keep}")
-    return bool(block.enabled), every_steps, keep
 
 
 def checkpoint_manager(
@@ -144,7 +124,7 @@ def _lookup(nested: Mapping[str, Any], path: tuple[str, ...]):
     return nested
 
 
-def _saveable(state: TrainState) -> tuple[list[tuple[tuple[str, ...], jax.Array]], Any]:
+def _saveable(state) -> tuple[list[tuple[tuple[str, ...], jax.Array]], Any]:
     """Every leaf under its path, PRNG keys replaced by their key data."""
     named, treedef = _named_leaves(state)
     return [(p, jax.random.key_data(x) if _is_key(x) else x) for p, x in named], treedef
@@ -158,7 +138,7 @@ def _abstract_leaf(leaf) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
 
 
-def abstract_state(state: TrainState) -> TrainState:
+def abstract_state(state):
     """`state` with every array replaced by its shape, dtype and sharding (a restore target).
 
     Keeping only this lets the freshly built arrays be freed before a checkpoint is restored, so
@@ -199,16 +179,11 @@ def _checksums(leaves: list[jax.Array]) -> jax.Array:
     return jnp.stack(rows) if rows else jnp.zeros((0, 2), jnp.uint32)
 
 
-def state_checksums(state: TrainState) -> dict[str, list[int]]:
+def state_checksums(state) -> dict[str, list[int]]:
     """`{leaf path: [sum, position-weighted sum]}` of the bits of every state leaf (mod 2^32)."""
     named, _ = _saveable(state)
     sums = np.asarray(jax.device_get(_checksums([x for _, x in named])))
     return {_path_name(p): [int(a), int(b)] for (p, _), (a, b) in zip(named, sums, strict=True)}
-
-
-def config_dict(config: ml_collections.ConfigDict) -> dict[str, Any]:
-    """The config as JSON values (tuples become lists), as stored in a checkpoint."""
-    return json.loads(config.to_json_best_effort())
 
 
 # --- save and restore ----------------------------------------------------------------------------
@@ -216,61 +191,52 @@ def config_dict(config: ml_collections.ConfigDict) -> dict[str, Any]:
 
 def save_checkpoint(
     manager: ocp.CheckpointManager,
-    state: TrainState,
-    data_iterator: grain.DatasetIterator,
+    step: int,
+    state,
     *,
-    config: ml_collections.ConfigDict,
-    metrics_bytes: int,
+    data_iterator: grain.DatasetIterator | None = None,
+    meta: dict[str, Any] | None = None,
 ) -> str:
-    """Saves `state`, the iterator's position and the run's meta as checkpoint `state.step`.
+    """Saves `state` (and the iterator's position) as checkpoint `step`, with `meta`.
 
     Synchronous: when it returns the step folder is complete and renamed into place, and the
     oldest checkpoints beyond the manager's `keep` are deleted.
 
     Args:
       manager: from `checkpoint_manager`.
-      state: the state after `state.step` completed steps (not yet donated to the next update).
-      data_iterator: the prompt-batch iterator, positioned at the next step's batch.
-      config: the run's config (stored to refuse a resume under another config).
-      metrics_bytes: the size of `metrics.jsonl` once the row of `state.step` is written.
+      step: the checkpoint's step.
+      state: any pytree of arrays (a run's `TrainState` before it is donated to the next update).
+      data_iterator: a grain iterator whose position to save (a run's prompt batches, positioned
+        at the next step's batch), or None.
+      meta: JSON fields stored beside the state (a run's config, its metrics cursor, ...);
+        `format`, `step` and the leaf `checksums` are added.
 
     Returns:
       The step folder.
     """
-    step = int(state.step)
     named, _ = _saveable(state)
     meta = {
+        **(meta or {}),
         "format": FORMAT_VERSION,
-        "step": step,
-        "config": config_dict(config),
-        "metrics_bytes": int(metrics_bytes),
+        "step": int(step),
         "checksums": state_checksums(state),
     }
-    manager.save(
-        step,
-        args=ocp.args.Composite(
-            state=ocp.args.StandardSave(_nest(named)),
-            data=grain.checkpoint.CheckpointSave(data_iterator),
-            meta=ocp.args.JsonSave(meta),
-        ),
-        force=True,
-    )
+    items = {"state": ocp.args.StandardSave(_nest(named)), "meta": ocp.args.JsonSave(meta)}
+    if data_iterator is not None:
+        items["data"] = grain.checkpoint.CheckpointSave(data_iterator)
+    manager.save(int(step), args=ocp.args.Composite(**items), force=True)
     manager.wait_until_finished()
-    return step_path(manager, step)
+    return step_path(manager, int(step))
 
 
-def _restore_step(manager, step: int, template: TrainState, data_iterator) -> Checkpoint:
+def _restore_step(manager, step: int, template, data_iterator, check) -> Checkpoint:
     path = step_path(manager, step)
     named, treedef = _named_leaves(template)
     target = _nest((p, _abstract_leaf(x)) for p, x in named)
-    restored = manager.restore(
-        step,
-        args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(target),
-            data=grain.checkpoint.CheckpointRestore(data_iterator),
-            meta=ocp.args.JsonRestore(),
-        ),
-    )
+    items = {"state": ocp.args.StandardRestore(target), "meta": ocp.args.JsonRestore()}
+    if data_iterator is not None:
+        items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
+    restored = manager.restore(step, args=ocp.args.Composite(**items))
     meta = restored["meta"]
     if meta.get("format") != FORMAT_VERSION or meta.get("step") != step:
         raise ValueError(f"meta names format {meta.get('format')} step {meta.get('step')}")
@@ -281,8 +247,8 @@ def _restore_step(manager, step: int, template: TrainState, data_iterator) -> Ch
             value = jax.random.wrap_key_data(value, impl=jax.random.key_impl(leaf))
         leaves.append(value)
     state = jax.tree_util.tree_unflatten(treedef, leaves)
-    if int(state.step) != step:
-        raise ValueError(f"the state holds step {int(state.step)}")
+    if check is not None:
+        check(state, meta)
     expected, got = meta["checksums"], state_checksums(state)
     bad = [name for name in got if expected.get(name) != got[name]]
     missing = sorted(set(expected) - set(got))
@@ -296,10 +262,11 @@ def _restore_step(manager, step: int, template: TrainState, data_iterator) -> Ch
 
 def restore_checkpoint(
     manager: ocp.CheckpointManager,
-    template: TrainState,
-    data_iterator: grain.DatasetIterator,
+    template,
+    data_iterator: grain.DatasetIterator | None = None,
     *,
     set_aside: bool = True,
+    check: Callable[[Any, dict[str, Any]], None] | None = None,
 ) -> Checkpoint | None:
     """Restores the newest usable checkpoint into `template`'s structure and shardings.
 
@@ -310,11 +277,15 @@ def restore_checkpoint(
 
     Args:
       manager: from `checkpoint_manager`.
-      template: a `TrainState` (arrays or `abstract_state`) of the run being resumed; restored
-        leaves get its shapes, dtypes and shardings, so a resumed run is placed like a new one.
-      data_iterator: the run's prompt-batch iterator; its position is set from the checkpoint.
+      template: the pytree to restore into (arrays or `abstract_state`; for a run, the fresh
+        `TrainState` of the run being resumed); restored leaves get its shapes, dtypes and
+        shardings, so a resumed run is placed like a new one.
+      data_iterator: an iterator whose position is set from the checkpoint (a run's prompt
+        batches), or None.
       set_aside: move the failed newer folders away after a success (a resume saves those
-        steps again); False only reads (evaluation, export).
+        steps again); False only reads.
+      check: called with each restored state and its meta before the checksums; a ValueError
+        it raises counts the step as unusable (a run checks its state's step).
 
     Returns:
       The `Checkpoint`, or None when the folder holds no checkpoint.
@@ -329,7 +300,7 @@ def restore_checkpoint(
     failures = []
     for step in steps:
         try:
-            checkpoint = _restore_step(manager, step, template, data_iterator)
+            checkpoint = _restore_step(manager, step, template, data_iterator, check)
         except Exception as error:  # noqa: BLE001 (any failure: report it and try an older step)
             message = f"{type(error).__name__}: {error}"
             failures.append((step, message))
@@ -363,12 +334,12 @@ def _set_aside(manager: ocp.CheckpointManager, steps: list[int]) -> None:
     manager.reload()
 
 
-def saved_config(manager: ocp.CheckpointManager) -> tuple[str, dict[str, Any]] | None:
-    """`(step folder, config)` of the newest checkpoint whose meta is readable; None if none."""
+def saved_meta(manager: ocp.CheckpointManager) -> tuple[str, dict[str, Any]] | None:
+    """`(step folder, meta)` of the newest checkpoint whose meta is readable; None if none."""
     for step in sorted(manager.all_steps(), reverse=True):
         try:
             meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-            return step_path(manager, step), meta["meta"]["config"]
+            return step_path(manager, step), meta["meta"]
         except Exception as error:  # noqa: BLE001 (any unreadable meta: try an older step)
-            logging.warning("cannot read the config in %s: %s", step_path(manager, step), error)
+            logging.warning("cannot read the meta of %s: %s", step_path(manager, step), error)
     return None

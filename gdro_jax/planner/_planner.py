@@ -4,8 +4,8 @@ update lowered with `jax.ShapeDtypeStruct` arguments and compiled, each at most 
 Persistent state is exact shapes x dtype bytes / shards: `models.memory_footprint` for the
 parameters and the KV cache, `jax.eval_shape` of the optimizer's `init` for its moments. The
 phases' other buffers are `memory_analysis()` of the same jitted functions `build_run` makes
-(`_assemble._rollout_phase`, `make_update` jitted with the state donated), compiled by the
-backend of the mesh's devices.
+(`step.rollout_phase` with the `KVCacheEngine`, `step.make_update` jitted with the state
+donated), compiled by the backend of the mesh's devices.
 
 Both phases are compiled at full depth: on 2 CPU cores with 8 fake devices the 36-layer Qwen3-8B
 rollout takes about 40 s of CPU time to compile, its update (a scan over the layers) about the
@@ -20,53 +20,22 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from gdro_jax import models, tasks
-from gdro_jax.train._components import build_controllers, make_optimizer, num_bins
-from gdro_jax.train._state import TrainState, state_shardings
-from gdro_jax.train._step import GRPOConfig, make_update
+from gdro_jax import configs, models, runtime, tasks
+from gdro_jax.step import (
+    KVCacheEngine,
+    TrainState,
+    make_update,
+    rollout_phase,
+    state_shardings,
+)
 
 _CPU_OPTIONS = {"xla_backend_optimization_level": 0}
-
-
-def mesh_shape(mesh) -> tuple[int, int, int]:
-    """(data, fsdp, tensor) of `mesh`; (1, 1, 1) for None (one device)."""
-    if mesh is None:
-        return (1, 1, 1)
-    return tuple(int(mesh.shape[axis]) for axis in models.MESH_AXES)
-
-
-def policy_config(config: ml_collections.ConfigDict) -> models.DecoderConfig:
-    """The policy's architecture as `build_run` loads it, without reading any weight.
-
-    An `init_from` folder's `config.json` with float32 masters, and `config.model`'s
-    `compute_dtype`, `remat` and `scan_layers`, as `build_run` loads it.
-    """
-    if config.init_from:
-        return models.DecoderConfig.from_hf_config(
-            models.read_hf_config(config.init_from),
-            param_dtype="float32",
-            compute_dtype=config.model.get("compute_dtype", "float32"),
-            remat=config.model.get("remat", False),
-            scan_layers=config.model.get("scan_layers", True),
-        )
-    return models.DecoderConfig(**config.model.to_dict())
-
-
-def _with_fields(config: ml_collections.ConfigDict, **blocks) -> ml_collections.ConfigDict:
-    """A copy of `config` with `blocks={"rollout": {"micro_batch_slots": 8}}`-style fields set."""
-    copy = ml_collections.ConfigDict(config.to_dict())
-    for block, fields in blocks.items():
-        if block not in copy:
-            copy[block] = ml_collections.ConfigDict()
-        copy[block].update(fields)
-    return copy
 
 
 def bytes_per_device(tree) -> int:
@@ -100,20 +69,20 @@ def _compiled_bytes(compiled) -> tuple[int, int, int, int]:
 class Planner:
     """Abstract state and compiled phases of one config on one mesh, compiled at most once each."""
 
-    def __init__(self, config: ml_collections.ConfigDict, mesh, task: tasks.RLTask | None):
-        self.config, self.mesh = config, mesh
-        self.model_config = policy_config(config)
-        self.num_prompts = config.num_prompts
-        self.num_slots = config.num_prompts * config.n_mean
-        self.grpo_config = GRPOConfig(**config.grpo.to_dict())
+    def __init__(self, settings: configs.RunSettings, mesh, task: tasks.RLTask | None):
+        self.settings, self.mesh = settings, mesh
+        self.model_config = configs.policy_config(settings.config)
+        self.num_prompts = settings.num_prompts
+        self.num_slots = settings.num_slots
+        self.grpo_config = settings.grpo
         self.minibatch_slots = self.num_slots // self.grpo_config.num_minibatches
-        data, fsdp, tensor = mesh_shape(mesh)
+        data, fsdp, tensor = runtime.mesh_shape(mesh)
         self.batch_shards = data * fsdp
         if task is not None:
             self.prompt_width = int(task.prompt_tokens.shape[1])
             num_dataset_prompts, self.eos_ids = task.num_prompts, tuple(task.eos_ids)
-        elif tasks.task_kind(config) == "chain":
-            chain = tasks.ChainTaskConfig(**config.task.to_dict())
+        elif settings.chain is not None:
+            chain = settings.chain
             self.prompt_width, num_dataset_prompts, self.eos_ids = (
                 chain.max_prompt_length,
                 chain.pool_size,
@@ -121,14 +90,16 @@ class Planner:
             )
         else:
             # The longest prompt kept; the pool's size only sizes the classifier's few floats.
-            self.prompt_width = config.math.max_prompt_tokens
+            self.prompt_width = settings.math.max_prompt_tokens
             num_dataset_prompts, self.eos_ids = (
-                config.num_prompts,
-                (0,) * len(config.math.eos_tokens),
+                settings.num_prompts,
+                (0,) * len(settings.math.eos_tokens),
             )
-        self.seq_len = self.prompt_width + config.max_new_tokens
-        self.gdro, self.prompt_adversary = build_controllers(config, num_dataset_prompts)
-        self.tx = make_optimizer(config.optimizer)
+        self.seq_len = self.prompt_width + settings.max_new_tokens
+        self.gdro, self.prompt_adversary = configs.build_controllers(
+            settings.config, num_dataset_prompts
+        )
+        self.tx = configs.make_optimizer(settings.optimizer)
         self.replicated = (
             NamedSharding(mesh, P())
             if mesh is not None
@@ -188,7 +159,7 @@ class Planner:
 
     def kv_cache_bytes(self, slots: int) -> int:
         """Keys and values of `slots` sequences of P + M cache slots, per device (by hand)."""
-        data, fsdp, tensor = mesh_shape(self.mesh)
+        data, fsdp, tensor = runtime.mesh_shape(self.mesh)
         return models.memory_footprint(
             self.model_config,
             data=data,
@@ -199,27 +170,22 @@ class Planner:
         ).kv_cache_bytes_per_device
 
     def _compile_rollout(self, slots: int) -> int:
-        # Imported here: `build_run` (in _assemble) calls this module.
-        from gdro_jax.train import _assemble
-
-        config = _with_fields(
-            self.config, rollout={"micro_batch_slots": _or_none(slots, self.num_slots)}
-        )
         graphdef, params = self._policy()
-        # The prompts' content does not change any buffer: N placeholder rows of the real width.
-        stub = tasks.RLTask(
-            kind=tasks.task_kind(config),
-            prompt_tokens=np.zeros((self.num_prompts, self.prompt_width), np.int32),
-            prompt_lengths=np.ones((self.num_prompts,), np.int32),
+        engine = KVCacheEngine(
+            graphdef,
+            max_new_tokens=self.settings.max_new_tokens,
+            temperature=self.grpo_config.temperature,
             eos_ids=self.eos_ids,
-            vocab_size=self.model_config.vocab_size,
-            device_reward=None,
-            host_reward=None,
-            tokenizer=None,
-            rows=[],
+            micro_batch_slots=_or_none(slots, self.num_slots),
         )
-        with jax.default_device(self.device):  # its prompt table goes where the mesh is
-            rollout = _assemble._rollout_phase(config, stub, graphdef, self.grpo_config, self.mesh)
+        # The prompts' content does not change any buffer: N placeholder rows of the real width.
+        with jax.default_device(self.device):  # the prompt table goes where the mesh is
+            rollout = rollout_phase(
+                engine,
+                np.zeros((self.num_prompts, self.prompt_width), np.int32),
+                np.ones((self.num_prompts,), np.int32),
+                mesh=self.mesh,
+            )
         lowered = rollout.lower(params, self.plan, self.prompt_ids, self.key)
         compiled = self._compile(lowered)
         if self.rollouts is None:
@@ -258,7 +224,7 @@ class Planner:
             self.gdro,
             grpo,
             num_prompts=self.num_prompts,
-            num_bins=num_bins(self.config),
+            num_bins=self.settings.num_bins,
             prompt_adversary=self.prompt_adversary,
         )
         replicated = None if self.mesh is None else self.replicated

@@ -1,0 +1,316 @@
+"""A run config read once: `read_run_config(config)` checks every field and returns `RunSettings`,
+the typed record the trainer's layers take instead of a ConfigDict.
+
+Every check names the field (`config.rollout_gdro.n_min`, `config.mesh`, ...) with what was
+expected, before anything is built or written: positive sizes; the method and every controller
+hyperparameter (the factories check their own); the rollout budget; the mesh against the devices;
+the `R` slots against the batch axes and the mini-batches; the micro-batches; the GRPO update's,
+the task's, the policy's and the optimizer's fields; the checkpoint and guard settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import ml_collections
+
+from gdro_jax import controllers, models, tasks
+from gdro_jax.configs._parts import OptimizerConfig, build_controllers, make_optimizer
+from gdro_jax.configs._schema import check_known, complete, run_schema
+from gdro_jax.step import GRPOConfig
+
+TASK_KINDS = tasks.TASK_KINDS
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointSettings:
+    """`config.checkpoint`: where a run saves itself and how many it keeps."""
+
+    enabled: bool
+    every_steps: int
+    keep: int
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSettings:
+    """A run config, checked: what `build_run`, the step, the planner and the loop read.
+
+    `config` is the whole config with every field of the schema (what checkpoints store and a
+    resume compares); the other attributes are its fields, typed.
+    """
+
+    config: ml_collections.ConfigDict
+    method: controllers.Method
+    steps: int
+    seed: int
+    progress: bool
+    tensorboard: bool
+    num_prompts: int  # N
+    n_mean: int
+    max_new_tokens: int  # M
+    reward_values: tuple[float, float]
+    task_kind: str
+    chain: tasks.ChainTaskConfig | None  # the chain task (task_kind "chain")
+    math: tasks.MathTaskConfig | None  # the math task (task_kind "math")
+    init_from: str
+    tokenizer: str
+    model: models.DecoderConfig | None  # a random policy's architecture; None with init_from
+    compute_dtype: str
+    remat: bool
+    scan_layers: bool
+    mesh: tuple[int, int, int]  # data, fsdp, tensor
+    device_memory_gib: float | None
+    checkpoint: CheckpointSettings
+    optimizer: OptimizerConfig
+    grpo: GRPOConfig
+    rollout_micro_batch_slots: int | None  # None: all R slots at once
+    max_consecutive_skips: int
+    reward_timeout_s: float
+
+    @property
+    def num_slots(self) -> int:
+        """R = N * n_mean rollout slots per step, whatever the allocation."""
+        return self.num_prompts * self.n_mean
+
+    @property
+    def batch_shards(self) -> int:
+        """data x fsdp: the devices the slots are split over."""
+        return self.mesh[0] * self.mesh[1]
+
+    @property
+    def num_bins(self) -> int:
+        """The classifier's bins (its edges plus one)."""
+        return len(self.config.classifier.edges) + 1
+
+
+def _positive_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {name}={value!r}")
+    return value
+
+
+def _built(block: str, factory, fields: Mapping[str, Any]):
+    """`factory(**fields)`; its ValueError names the field under `config.<block>.`."""
+    try:
+        return factory(**fields)
+    except ValueError as error:
+        message = str(error).removeprefix("DecoderConfig.")
+        raise ValueError(f"config.{block}.{message}") from None
+
+
+def _rollout_budget(config: ml_collections.ConfigDict, method: controllers.Method) -> None:
+    """N * n_mean rollouts must split with n_min <= n_i <= n_max (the allocation's own fields,
+    n_min <= n_max included, are checked by its factory)."""
+    part = method.rollout_allocation
+    if part is None:
+        return
+    block = config[part]
+    n_min, n_max = block.get("n_min"), block.get("n_max")
+    if isinstance(n_min, int) and isinstance(n_max, int) and n_min <= n_max:
+        if not n_min <= config.n_mean <= n_max:
+            raise ValueError(
+                f"the rollout budget is infeasible: N * n_mean = {config.num_prompts} * "
+                f"{config.n_mean} rollouts cannot be split with n_min={n_min} <= n_i <= "
+                f"n_max={n_max} per prompt; set config.n_mean inside [config.{part}.n_min, "
+                f"config.{part}.n_max]"
+            )
+
+
+def mesh_shape_of(config: Mapping[str, Any]) -> tuple[int, int, int]:
+    """`(data, fsdp, tensor)` of a run config's `mesh` block, each a positive int."""
+    mesh = config["mesh"]
+    return tuple(_positive_int(mesh[axis], f"config.mesh.{axis}") for axis in models.MESH_AXES)
+
+
+def _mesh(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, int, int]:
+    sizes = dict(zip(models.MESH_AXES, mesh_shape_of(config), strict=True))
+    needed = math.prod(sizes.values())
+    if needed > num_devices:
+        raise ValueError(
+            f"config.mesh data x fsdp x tensor = {sizes['data']} x {sizes['fsdp']} x "
+            f"{sizes['tensor']} = {needed} devices, but only {num_devices} are available"
+        )
+    return tuple(sizes.values())
+
+
+def _slots(config: ml_collections.ConfigDict, batch_shards: int) -> int | None:
+    """Checks the R slots against the batch axes, the mini-batches and both micro-batches;
+    returns the rollout micro-batch (None: all R at once)."""
+    num_slots = config.num_prompts * config.n_mean
+    if num_slots % batch_shards:
+        raise ValueError(
+            f"R = config.num_prompts * config.n_mean = {num_slots} rollouts must divide evenly "
+            f"over the mesh's batch axes (data x fsdp = {batch_shards})"
+        )
+    minibatches = _positive_int(config.grpo.num_minibatches, "config.grpo.num_minibatches")
+    if num_slots % minibatches:
+        raise ValueError(
+            f"R = {num_slots} rollouts must split into config.grpo.num_minibatches={minibatches} "
+            "equal mini-batches"
+        )
+    chunk = config.rollout.micro_batch_slots
+    if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0):
+        raise ValueError(
+            "config.rollout.micro_batch_slots must be None or an int >= 0 (0 or None: all "
+            f"slots in one batch), got micro_batch_slots={chunk!r}"
+        )
+    if chunk and chunk < num_slots and chunk % batch_shards:
+        raise ValueError(
+            f"config.rollout.micro_batch_slots must be a multiple of the mesh's batch axes "
+            f"(data x fsdp = {batch_shards}), so each chunk's slots split evenly over the "
+            f"devices, got micro_batch_slots={chunk}"
+        )
+    accumulate = config.grpo.micro_batch_slots
+    per_minibatch = num_slots // minibatches
+    valid = isinstance(accumulate, int) and not isinstance(accumulate, bool) and accumulate > 0
+    if valid and per_minibatch % accumulate == 0 and accumulate % batch_shards:
+        # (GRPOConfig and make_update refuse sizes that are not positive or do not divide.)
+        raise ValueError(
+            f"config.grpo.micro_batch_slots must be a multiple of the mesh's batch axes "
+            f"(data x fsdp = {batch_shards}), or every device would compute the whole "
+            f"micro-batch, got micro_batch_slots={accumulate}"
+        )
+    return chunk or None
+
+
+def _checkpoint(block: ml_collections.ConfigDict) -> CheckpointSettings:
+    every_steps, keep = block.every_steps, block.keep
+    for name, value in (("every_steps", every_steps), ("keep", keep)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"config.checkpoint.{name} must be an int >= 1, got {name}={value!r}")
+    return CheckpointSettings(bool(block.enabled), every_steps, keep)
+
+
+def _max_skips(block: ml_collections.ConfigDict) -> int:
+    limit = block.max_consecutive_skips
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise ValueError(
+            "config.guards.max_consecutive_skips must be an int >= 0, got "
+            f"max_consecutive_skips={limit!r}"
+        )
+    return limit
+
+
+def _budget(gib: Any) -> float | None:
+    if gib is None:
+        return None
+    if isinstance(gib, bool) or not isinstance(gib, int | float) or not gib > 0:
+        raise ValueError(
+            "config.device_memory_gib must be None (no limit) or a positive number of GiB, got "
+            f"device_memory_gib={gib!r}"
+        )
+    return float(gib)
+
+
+def task_kind(config: Mapping[str, Any]) -> str:
+    """A run (or warm-start) config's task: `task_kind`, "chain" when it has none."""
+    kind = config.get("task_kind", "chain")
+    if kind not in TASK_KINDS:
+        raise ValueError(f"config.task_kind must be one of {TASK_KINDS}, got task_kind={kind!r}")
+    return kind
+
+
+def chain_task_config(config: Mapping[str, Any]) -> tasks.ChainTaskConfig:
+    """The chain task of a run or warm-start config (its `task` block), e.g. as a run's
+    `config.json` or a checkpoint stores it."""
+    block = config.get("task")
+    if not isinstance(block, Mapping):
+        raise ValueError("the config has no task block")
+    fields = block.to_dict() if hasattr(block, "to_dict") else dict(block)
+    return _built("task", tasks.ChainTaskConfig, fields)
+
+
+def read_run_config(
+    config: Mapping[str, Any] | RunSettings, *, num_devices: int | None = None
+) -> RunSettings:
+    """Checks a run config and returns its `RunSettings` (module docstring).
+
+    Args:
+      config: a run config (`experiments/configs/tiny_cpu.py`, `paper_qwen3_*.py`); a field it
+        leaves out takes the schema's default (`configs.run_config()`). `RunSettings` are
+        returned as they are (already checked).
+      num_devices: the devices the mesh may use (default: `jax.device_count()`).
+
+    Returns:
+      The `RunSettings`; `settings.config` holds every field.
+
+    Raises:
+      ValueError: naming the first field that cannot work (an unknown one with its nearest
+        valid names).
+    """
+    if isinstance(config, RunSettings):
+        return config
+    schema = run_schema()
+    check_known(config, schema)
+    config = complete(config, schema)
+    num_prompts = _positive_int(config.num_prompts, "config.num_prompts")
+    _positive_int(config.n_mean, "config.n_mean")
+    _positive_int(config.max_new_tokens, "config.max_new_tokens")
+    if isinstance(config.steps, bool) or not isinstance(config.steps, int) or config.steps < 0:
+        raise ValueError(f"config.steps must be an int >= 0, got config.steps={config.steps!r}")
+    try:
+        method = controllers.get_method(config.method)
+    except ValueError as error:
+        raise ValueError(f"config.{error}") from None
+    _rollout_budget(config, method)
+    build_controllers(config, num_dataset_prompts=num_prompts)  # the factories check their fields
+    if config.model.param_dtype != "float32":
+        raise ValueError(
+            "config.model.param_dtype must be float32 (the master weights the optimizer updates: "
+            "an AdamW step at lr 1e-6 is below bfloat16's 2^-8 resolution and would be rounded "
+            f"away); compute in bfloat16 with config.model.compute_dtype, got "
+            f"param_dtype={config.model.param_dtype!r}"
+        )
+    mesh = _mesh(config, jax.device_count() if num_devices is None else num_devices)
+    micro_batch_slots = _slots(config, mesh[0] * mesh[1])
+    max_skips = _max_skips(config.guards)
+    grpo = _built("grpo", GRPOConfig, config.grpo.to_dict())
+    kind = task_kind(config)
+    chain = math_task = None
+    if kind == "chain":
+        chain = _built("task", tasks.ChainTaskConfig, config.task.to_dict())
+    else:
+        math_task = _built("math", tasks.MathTaskConfig, config.math.to_dict())
+    if kind == "math" and not (config.tokenizer or config.init_from):
+        raise ValueError(
+            "the math task needs a tokenizer: set config.tokenizer or config.init_from to a "
+            "folder with the tokenizer files"
+        )
+    model = None
+    if not config.init_from:
+        model = _built("model", models.DecoderConfig.from_dict, {"fields": config.model.to_dict()})
+    optimizer = OptimizerConfig.from_block(config.optimizer)
+    _built("optimizer", make_optimizer, {"optimizer": optimizer})
+    return RunSettings(
+        config=config,
+        method=method,
+        steps=config.steps,
+        seed=config.seed,
+        progress=bool(config.progress),
+        tensorboard=bool(config.tensorboard),
+        num_prompts=num_prompts,
+        n_mean=config.n_mean,
+        max_new_tokens=config.max_new_tokens,
+        reward_values=tuple(float(v) for v in config.reward_values),
+        task_kind=kind,
+        chain=chain,
+        math=math_task,
+        init_from=config.init_from,
+        tokenizer=config.tokenizer,
+        model=model,
+        compute_dtype=config.model.compute_dtype,
+        remat=bool(config.model.remat),
+        scan_layers=bool(config.model.scan_layers),
+        mesh=mesh,
+        device_memory_gib=_budget(config.device_memory_gib),
+        checkpoint=_checkpoint(config.checkpoint),
+        optimizer=optimizer,
+        grpo=grpo,
+        rollout_micro_batch_slots=micro_batch_slots,
+        max_consecutive_skips=max_skips,
+        reward_timeout_s=float(config.reward_timeout_s or 0.0),
+    )

@@ -1,0 +1,94 @@
+"""The training methods as records: which part fills each of a step's four decisions.
+
+A step of GRPO makes four choices that a method may hand to a part of this package:
+
+    prompt_sampler      which prompts make the batch       (GRPO: uniform batches from the data)
+    rollout_allocation  how many rollouts each prompt gets (GRPO: n_mean each)
+    prompt_adversary    how much each prompt's advantages weigh (GRPO: equally)
+    group_filter        which groups the update keeps      (GRPO: all of them)
+
+A `Method` names, for each decision, a part from `PARTS` (by its factory name, which is also the
+name of its block in a run config) or `None` for GRPO's choice. The trainer builds the named
+parts from their config blocks, the simulator applies the same decisions, and the study and the
+command line list and check methods from `METHODS`. Adding a method is one record in `METHODS`
+(and a part in `PARTS` when it needs a new one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import NamedTuple
+
+from gdro_jax.controllers._prompt_gdro import prompt_gdro
+from gdro_jax.controllers._rollout_gdro import rollout_gdro
+
+DECISIONS = ("prompt_sampler", "rollout_allocation", "prompt_adversary", "group_filter")
+
+
+class Method(NamedTuple):
+    """A training method: the part of `PARTS` behind each decision of a step (None: GRPO's)."""
+
+    name: str
+    summary: str  # one line for listings and help
+    prompt_sampler: str | None = None
+    rollout_allocation: str | None = None
+    prompt_adversary: str | None = None
+    group_filter: str | None = None
+
+    def parts(self) -> dict[str, str]:
+        """`{decision: part}` of the decisions this method hands to a part."""
+        return {d: getattr(self, d) for d in DECISIONS if getattr(self, d) is not None}
+
+
+# decision -> {part name: factory}. A part's name is its factory's and its config block's.
+PARTS: Mapping[str, Mapping[str, Callable]] = {
+    "prompt_sampler": {},
+    "rollout_allocation": {"rollout_gdro": rollout_gdro},
+    "prompt_adversary": {"prompt_gdro": prompt_gdro},
+    "group_filter": {},
+}
+
+
+def _registry(*methods: Method) -> dict[str, Method]:
+    for method in methods:
+        for decision, part in method.parts().items():
+            if part not in PARTS[decision]:
+                raise ValueError(
+                    f"method {method.name!r}: {decision}={part!r} is not one of "
+                    f"{sorted(PARTS[decision])}"
+                )
+    return {method.name: method for method in methods}
+
+
+METHODS: Mapping[str, Method] = _registry(
+    Method("grpo", "GRPO: uniform prompts, n_mean rollouts each, equal weights"),
+    Method(
+        "prompt_gdro",
+        "Prompt-GDRO: exponential weights over difficulty bins reweight the advantages",
+        prompt_adversary="prompt_gdro",
+    ),
+    Method(
+        "rollout_gdro",
+        "Rollout-GDRO: rollouts move between bins under the fixed total (square-root rule)",
+        rollout_allocation="rollout_gdro",
+    ),
+    Method(
+        "gdro_both",
+        "Prompt-GDRO and Rollout-GDRO together",
+        rollout_allocation="rollout_gdro",
+        prompt_adversary="prompt_gdro",
+    ),
+)
+
+
+def get_method(name: str) -> Method:
+    """The `Method` called `name`; a ValueError names the known ones."""
+    if name not in METHODS:
+        raise ValueError(f"method must be one of {tuple(METHODS)}, got method={name!r}")
+    return METHODS[name]
+
+
+def method_adversaries(method: str) -> tuple[bool, bool]:
+    """`(prompt adversary on, rollout allocation on)` of one of `METHODS`."""
+    record = get_method(method)
+    return record.prompt_adversary is not None, record.rollout_allocation is not None

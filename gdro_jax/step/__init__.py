@@ -1,0 +1,64 @@
+"""One GRPO/GDRO training step on arrays (SPEC 7), below the loop that drives it:
+
+    plan     the controllers' `MultiAdversary.plan` (jitted by the caller)
+    rollout  `rollout_phase`: R completions and log pi_old through a `RolloutEngine`
+             (`KVCacheEngine`, the built-in sampler, fused into one jit)
+    reward   `device_reward_phase` (jittable rewards) or `host_reward_phase` (a grader, under
+             `HostRewardCaller`'s time limit)
+    update   `make_update`: advantages, Prompt-GDRO multipliers, mini-batch steps, the three
+             controller transitions, the non-finite guard and the SPEC 10 metrics
+
+`TrainState` is the whole state of a run as one pytree. Nothing here reads a config: the config
+layer (`gdro_jax.configs`) builds `GRPOConfig` and the controllers, and `gdro_jax.train` runs the
+loop.
+"""
+
+from gdro_jax.step._engines import (
+    KVCacheEngine,
+    RolloutEngine,
+    Rollouts,
+    WeightSync,
+    rollout_phase,
+    sample_rollouts,
+)
+from gdro_jax.step._guard import (
+    DEFAULT_MAX_CONSECUTIVE_SKIPS,
+    NonFiniteStepsError,
+    check_skips,
+    keep_if_finite,
+)
+from gdro_jax.step._metrics import step_metrics
+from gdro_jax.step._rewards import (
+    HostRewardCaller,
+    RewardError,
+    check_rewards,
+    device_reward_phase,
+    host_reward_phase,
+)
+from gdro_jax.step._state import TrainState, init_train_state, state_shardings
+from gdro_jax.step._update import GRPOConfig, make_update, minibatch_step
+
+__all__ = [
+    "DEFAULT_MAX_CONSECUTIVE_SKIPS",
+    "GRPOConfig",
+    "HostRewardCaller",
+    "KVCacheEngine",
+    "NonFiniteStepsError",
+    "RewardError",
+    "RolloutEngine",
+    "Rollouts",
+    "TrainState",
+    "WeightSync",
+    "check_rewards",
+    "check_skips",
+    "device_reward_phase",
+    "host_reward_phase",
+    "init_train_state",
+    "keep_if_finite",
+    "make_update",
+    "minibatch_step",
+    "rollout_phase",
+    "sample_rollouts",
+    "state_shardings",
+    "step_metrics",
+]
