@@ -3,17 +3,20 @@
 - Library INFO logging (orbax's checkpoint chatter, jax's backend probing, absl) stays off the
   console, so progress bars, tables and warnings are what a person sees; `--verbosity=0` brings
   INFO back.
-- A user error (a config file that does not exist, a `--workdir` that is a file, a config field
-  the library refuses with a ValueError) is one line on stderr and exit status 2, raised before
-  anything is written; `GDRO_DEBUG=1` or `--verbosity=1` shows the traceback instead.
+- A user error (a config file that does not exist, a `--config.X` override of a field the
+  config does not have, a `--workdir` that is a file, a config field the library refuses with a
+  ValueError) is one line on stderr and exit status 2, raised before anything is written;
+  `GDRO_DEBUG=1` or `--verbosity=1` shows the traceback instead.
 """
 
+import importlib.util
 import os
+import re
 import sys
 
 from absl import app, flags, logging
 
-from gdro_jax import runtime
+from gdro_jax import configs, runtime
 
 DEBUG_ENV = "GDRO_DEBUG"
 # What the library raises for bad input (it names the field, the value and the fix).
@@ -33,13 +36,14 @@ def _debugging() -> bool:
     return bool(os.environ.get(DEBUG_ENV)) or (verbosity.present and verbosity.value >= 1)
 
 
-def _fail(message: str) -> None:
-    print(f"error: {message} ({DEBUG_ENV}=1 shows the traceback)", file=sys.stderr)
+def _fail(message: str, *, traceback: bool = True) -> None:
+    hint = f" ({DEBUG_ENV}=1 shows the traceback)" if traceback else ""
+    print(f"error: {message}{hint}", file=sys.stderr)
     sys.exit(2)
 
 
 def _config_files(argv: list[str]) -> list[tuple[str, str]]:
-    """`(flag, path)` of every `--<name>=<file>.py[:args]` config flag on the command line."""
+    """`(flag, file[:args])` of each `--<name>=<file>.py[:args]` config flag on the command line."""
     found = []
     for index, arg in enumerate(argv):
         if not arg.startswith("--config"):
@@ -47,10 +51,40 @@ def _config_files(argv: list[str]) -> list[tuple[str, str]]:
         name, _, value = arg.partition("=")
         if not value and index + 1 < len(argv):
             value = argv[index + 1]
-        path = value.split(":", 1)[0]
-        if "." not in name[2:] and path.endswith(".py"):
-            found.append((name, path))
+        if "." not in name[2:] and value.split(":", 1)[0].endswith(".py"):
+            found.append((name, value))
     return found
+
+
+def _load_config(value: str):
+    """What `config_flags` loads for `--config=<file>.py[:args]`: the file's `get_config()`."""
+    path, _, argument = value.partition(":")
+    spec = importlib.util.spec_from_file_location("_config_file", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(argument) if argument else module.get_config()
+
+
+def _check_overrides(argv: list[str], files: dict[str, str]) -> None:
+    """Refuses a `--<config>.<field>=...` override of a field the loaded config does not have,
+    naming the first missing part and the nearest names the config has there."""
+    loaded = {}
+    for arg in argv:
+        match = re.match(r"--(?:no)?(\w+)\.([\w.]+)", arg)
+        if not match or f"--{match[1]}" not in files:
+            continue
+        flag, path = match[1], match[2]
+        if flag not in loaded:
+            loaded[flag] = _load_config(files[f"--{flag}"])
+        node, parts = loaded[flag], path.split(".")
+        for depth, part in enumerate(parts):
+            where = ".".join([flag, *parts[:depth]])
+            if not hasattr(node, "keys"):
+                _fail(f"--{flag}.{path}: {where} is a value, not a block", traceback=False)
+            if part not in node:
+                hint = configs.nearest(part, list(node.keys()))
+                _fail(f"--{flag}.{path}: {where} has no field {part!r}; {hint}", traceback=False)
+            node = node[part]
 
 
 def _check_outputs() -> None:
@@ -89,10 +123,13 @@ def join_processes() -> bool:
 
 def run(main) -> None:
     """`absl.app.run(main)` with a quiet console and one-line user errors (see the module doc)."""
-    for name, path in _config_files(sys.argv[1:]):
-        # Checked before absl parses the flags: its own error is a long chained traceback.
+    # Checked before absl parses the flags: its own errors are long chained tracebacks.
+    files = dict(_config_files(sys.argv[1:]))
+    for name, value in files.items():
+        path = value.split(":", 1)[0]
         if not os.path.isfile(path):
             _fail(f"{name}={path}: no such config file (paths are relative to {os.getcwd()})")
+    _check_overrides(sys.argv[1:], files)
 
     def guarded_main(argv):
         quiet_logging()

@@ -8,8 +8,8 @@ as the baseline and `prompt_gdro` / `rollout_gdro` / `gdro_both` at the study's 
 reference arm, so each row reads "this change against the paper's setting". Runs of the same
 arm and seed are shared between groups when their workdir is shared, and with the main study's
 (`grpo` and the four methods' seeds 0-2) when it is the study's workdir: their configs are the
-study's, because the arms that set a library default the study leaves out add it (`+field`)
-rather than every arm carrying it.
+study's (a run's stamp holds the fields that differ from the library's defaults, so an arm that
+sets a field changes only its own runs).
 
     python -m experiments.compare --config=experiments/configs/ablations.py \
         --workdir=runs/study --results=results/ablations
@@ -47,15 +47,15 @@ GROUPS = {
     # The number of difficulty bins (10 by default), for both adversaries.
     "bins": {
         "gdro_both": "method=gdro_both",
-        "both_3_bins": "method=gdro_both +classifier.edges=(0.33,0.67)",
-        "both_6_bins": "method=gdro_both +classifier.edges=(0.17,0.33,0.5,0.67,0.83)",
+        "both_3_bins": "method=gdro_both classifier.edges=(0.33,0.67)",
+        "both_6_bins": "method=gdro_both classifier.edges=(0.17,0.33,0.5,0.67,0.83)",
     },
     # The released code's Prompt-GDRO: no score clip, a negligible share floor; and its lagged
     # bins (each position takes the bin of the previous batch's prompt there) against ours.
     "released": {
         "prompt_gdro": PG,
-        "pg_released": f"{PG} +prompt_gdro.clip=None +prompt_gdro.share_floor=1e-6",
-        "pg_lagged": f"{PG} +classifier.bins_from=previous_batch",
+        "pg_released": f"{PG} prompt_gdro.clip=None prompt_gdro.share_floor=1e-6",
+        "pg_lagged": f"{PG} classifier.bins_from=previous_batch",
     },
 }
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import ml_collections
 
-from gdro_jax.configs._schema import complete, run_schema
+from gdro_jax.configs._schema import complete, is_block, run_schema
 
 # Config fields a resumed run may change: they do not change what the steps compute.
 RESUMABLE_FIELDS = (
@@ -44,7 +44,7 @@ def config_dict(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(tree, Mapping):
+    if is_block(tree):
         flat: dict[str, Any] = {}
         for name, value in tree.items():
             flat.update(_flatten(value, f"{prefix}{name}."))

@@ -20,7 +20,7 @@ import ml_collections
 
 from gdro_jax import controllers, models, tasks
 from gdro_jax.configs._parts import OptimizerConfig, build_controllers, make_optimizer
-from gdro_jax.configs._schema import check_known, complete, run_schema
+from gdro_jax.configs._schema import check_known, complete, is_block, run_schema
 from gdro_jax.step import GRPOConfig
 
 TASK_KINDS = tasks.TASK_KINDS
@@ -218,7 +218,7 @@ def chain_task_config(config: Mapping[str, Any]) -> tasks.ChainTaskConfig:
     """The chain task of a run or warm-start config (its `task` block), e.g. as a run's
     `config.json` or a checkpoint stores it."""
     block = config.get("task")
-    if not isinstance(block, Mapping):
+    if not is_block(block):
         raise ValueError("the config has no task block")
     fields = block.to_dict() if hasattr(block, "to_dict") else dict(block)
     return _built("task", tasks.ChainTaskConfig, fields)

@@ -250,6 +250,15 @@ def pretrain_schema() -> dict[str, Any]:
 # --- building and checking configs ---------------------------------------------------------------
 
 
+def is_block(value: Any) -> bool:
+    """True for a block of fields: a mapping or a ConfigDict (which is not a `Mapping`)."""
+    return isinstance(value, Mapping | ml_collections.ConfigDict)
+
+
+def _plain_dict(block: Any) -> dict[str, Any]:
+    return block.to_dict() if isinstance(block, ml_collections.ConfigDict) else dict(block)
+
+
 def _value(field: Field):
     if field.default is None:
         return ml_collections.config_dict.placeholder(field.kind)
@@ -271,13 +280,13 @@ def complete(config: Mapping[str, Any], schema: Block) -> ml_collections.ConfigD
 
     Fields the schema does not know are kept (`unknown_fields` names them).
     """
-    source = config.to_dict() if isinstance(config, ml_collections.ConfigDict) else dict(config)
+    source = _plain_dict(config)
     filled = ml_collections.ConfigDict()
     for name, entry in schema.items():
         if isinstance(entry, Mapping):
             given = source.get(name)
-            filled[name] = complete(given if isinstance(given, Mapping) else {}, entry)
-            if given is not None and not isinstance(given, Mapping):
+            filled[name] = complete(_plain_dict(given) if is_block(given) else {}, entry)
+            if given is not None and not is_block(given):
                 filled[name] = given  # not a block: `unknown_fields` does not judge values
         else:
             filled[name] = source[name] if name in source else _value(entry)
@@ -295,7 +304,7 @@ def unknown_fields(config: Mapping[str, Any], schema: Block, prefix: str = "") -
         path = f"{prefix}{name}"
         if name not in schema:
             problems.append(f"config.{path}: unknown field; {nearest(name, schema)}")
-        elif isinstance(schema[name], Mapping) and isinstance(value, Mapping):
+        elif isinstance(schema[name], Mapping) and is_block(value):
             problems.extend(unknown_fields(value, schema[name], f"{path}."))
     return problems
 

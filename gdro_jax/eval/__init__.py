@@ -3,7 +3,7 @@
 the math harness, and `evaluate_policy`, which evaluates a policy on the task it was trained for.
 """
 
-from gdro_jax.eval._evaluate import evaluate_math_policy, evaluate_policy
+from gdro_jax.eval._evaluate import SAMPLING_FLAGS, evaluate_math_policy, evaluate_policy
 from gdro_jax.eval._math_eval import MathEvalSettings, MathEvaluation, evaluate_math, load_bins
 from gdro_jax.eval._passk import PassSummary, mean_at_k, pass_at_k, summarize_counts
 from gdro_jax.eval._policy import (
@@ -37,6 +37,7 @@ __all__ = [
     "MathEvalSettings",
     "MathEvaluation",
     "PassSummary",
+    "SAMPLING_FLAGS",
     "Policy",
     "TaskEvalSettings",
     "TaskEvaluation",

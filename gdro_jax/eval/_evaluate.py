@@ -21,6 +21,18 @@ from gdro_jax.eval._policy import Policy, open_policy
 from gdro_jax.eval._task_report import TaskEvalSettings, TaskReport, evaluate_task_policy
 
 _MATH_ONLY_SAMPLING = ("max_new_tokens", "max_prompt_tokens")
+# The sampling settings `experiments/evaluate.py` takes as flags: name -> (absl flag kind, help),
+# the help giving the default as (chain task; math).
+SAMPLING_FLAGS = {
+    "num_samples": ("integer", "Samples per problem k (8; 8)."),
+    "temperature": ("float", "Sampling temperature, 0: greedy (1.0; 0.6)."),
+    "top_p": ("float", "Nucleus filter, 1: off (1.0; 0.8)."),
+    "top_k": ("integer", "Top-k filter, 0: off (0; 20)."),
+    "max_new_tokens": ("integer", "Math only: most tokens per completion (4096)."),
+    "max_prompt_tokens": ("integer", "Math only: longer prompts: --long_prompts (2048)."),
+    "batch_size": ("integer", "Problems per sampler call (64; 8)."),
+    "seed": ("integer", "Sampling seed (0; 0)."),
+}
 
 
 def _check_benchmarks(benchmarks: Sequence[str] | None) -> None:

@@ -2,30 +2,33 @@
 
 - `run_demo`: the miniature study of `make demo` (warm start, equal-compute RL per method, a
   held-out table with the frontier levels, plots).
-- The comparison study of `make study` (`experiments/compare.py`): arms x seeds from one warm
-  start (`run_specs`, `run_config`, `run_one`), collected into the pre-declared primary metric
-  and secondary tables (`collect`, `write_results`, `format_tables`) and figures
+- The comparison study of `make study` (`experiments/compare.py`, `run_study`): arms x seeds
+  from one warm start (`run_specs`, `run_config`, `run_one`), collected into the pre-declared
+  primary metric and secondary tables (`collect`, `write_results`, `format_tables`) and figures
   (`draw_figures`; one `plot_*` function each, returning the figure, for notebooks).
 - The statistics of a comparison over seeds (`paired_relative_gain`: a method's gain over GRPO,
   paired by seed and problem, with a paired bootstrap interval; `detectable_gain`).
 """
 
-from gdro_jax.study._compare import (
+from gdro_jax.study._collect import (
     RESULTS_BEGIN,
     RESULTS_END,
+    collect,
+    level_weights,
+    run_figures,
+    write_results,
+)
+from gdro_jax.study._compare import (
     RunSpec,
     apply_overrides,
     arms_of,
-    collect,
     parse_overrides,
     pending,
     prepare_warm_start,
     run_config,
-    run_figures,
     run_one,
     run_specs,
     seeds_of,
-    write_results,
 )
 from gdro_jax.study._demo import (
     format_comparison,
@@ -46,6 +49,7 @@ from gdro_jax.study._report import (
     plot_tokens,
     plot_zero_advantage,
 )
+from gdro_jax.study._runner import run_study
 from gdro_jax.study._stats import (
     PairedGain,
     bootstrap_gains,
@@ -68,6 +72,7 @@ __all__ = [
     "format_comparison",
     "format_tables",
     "frontier_pass_at",
+    "level_weights",
     "load_logs",
     "paired_relative_gain",
     "parse_overrides",
@@ -85,6 +90,7 @@ __all__ = [
     "run_figures",
     "run_one",
     "run_specs",
+    "run_study",
     "seeds_of",
     "warm_start_frontier",
     "write_results",

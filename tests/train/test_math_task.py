@@ -14,7 +14,8 @@ import pytest
 from flax import nnx
 
 from experiments.configs import paper_qwen3, paper_qwen3_1p7b, paper_qwen3_4b, paper_qwen3_8b
-from gdro_jax import data, models, train
+from gdro_jax import configs, data, models, train
+from gdro_jax import eval as evaluation
 from gdro_jax.data import encode_prompts
 from gdro_jax.sampling import completion_logprobs
 
@@ -170,8 +171,11 @@ def test_paper_configs_carry_the_papers_settings(module, d_model):
     assert (config.num_prompts, config.n_mean, config.steps) == (256, 4, 1000)
     assert config.optimizer.learning_rate == 1e-6 and config.max_new_tokens == 4096
     assert (config.grpo.eps_low, config.grpo.eps_high, config.grpo.kl_coef) == (0.2, 0.28, 0.001)
-    assert (config.eval.temperature, config.eval.top_p, config.eval.top_k) == (0.6, 0.8, 20)
+    paper_eval = evaluation.MathEvalSettings()  # experiments.evaluate's defaults are the paper's
+    assert (paper_eval.num_samples, paper_eval.temperature) == (8, 0.6)
+    assert (paper_eval.top_p, paper_eval.top_k) == (0.8, 20)
     assert config.prompt_gdro.eta == 0.65 and config.rollout_gdro.n_max == 12
     models.DecoderConfig(**config.model.to_dict())  # a valid architecture
+    configs.read_run_config(dict(config.to_dict(), init_from="x"), num_devices=8)  # and run
     with pytest.raises(ValueError, match="size"):
         paper_qwen3.paper_config("70b")

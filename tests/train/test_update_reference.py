@@ -225,9 +225,7 @@ def result(request, model):
     case = CASES[request.param]
     tx = optax.chain(optax.clip_by_global_norm(GRAD_CLIP), optax.adam(LEARNING_RATE))
     gdro, prompt = _controllers(case.method)
-    graphdef, state = init_train_state(
-        model, tx, gdro, seed=3, with_reference=case.kl_coef > 0
-    )
+    graphdef, state = init_train_state(model, tx, gdro, seed=3, with_reference=case.kl_coef > 0)
     state = state._replace(gdro=_seeded(state.gdro))
     if case.kl_coef:  # a reference policy away from the current one, so k3 and its gradient live
         keys = iter(jax.random.split(jax.random.key(7), len(jax.tree.leaves(state.params))))

@@ -1,0 +1,262 @@
+"""Collecting a finished study: per-seed figures, the pre-declared primary metric with its paired
+bootstrap interval, secondary gains, token costs; written as `study.json`, `tables.md`, the
+figures and the marked block of RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Any, NamedTuple
+
+import ml_collections
+import numpy as np
+
+from gdro_jax.eval import pass_at_k
+from gdro_jax.study._compare import RunSpec, _eval_file, arms_of, pending, seeds_of
+from gdro_jax.study._demo import BASELINE, warm_start_frontier
+from gdro_jax.study._report import draw_figures, format_tables
+from gdro_jax.study._stats import detectable_gain, paired_relative_gain
+
+# --- Collecting a finished study ------------------------------------------------------------
+
+
+class Evaluated(NamedTuple):
+    """One evaluation file's per-problem data."""
+
+    num_samples: int
+    correct: np.ndarray  # int64[P] correct samples of each problem
+    levels: np.ndarray  # int32[P]
+    sampled_tokens: float
+
+
+def _load(path: pathlib.Path) -> Evaluated:
+    stored = json.loads(path.read_text())
+    result = stored["evaluation"]
+    return Evaluated(
+        num_samples=int(result["num_samples"]),
+        correct=np.asarray(result["correct"], np.int64),
+        levels=np.asarray(result["problem_levels"], np.int32),
+        sampled_tokens=float(stored.get("sampled_tokens", 0.0)),
+    )
+
+
+def _per_problem(result: Evaluated, metric: str) -> np.ndarray:
+    """Per-problem unbiased `pass@k` or `mean@n` (the fraction of samples right)."""
+    name, _, k = metric.partition("@")
+    if name == "pass":
+        return pass_at_k(result.num_samples, result.correct, int(k))
+    if name == "mean":
+        return result.correct / result.num_samples
+    raise ValueError(f"unknown metric {metric!r}: pass@<k> or mean@<n>")
+
+
+def level_weights(levels_P: np.ndarray) -> np.ndarray:
+    """float64[P] problem weights under which every level present counts equally (mean 1).
+
+    A pooled figure is the mean over the levels of each level's mean, whatever the levels'
+    problem counts (the study's test split holds 1,000 problems on level 8 and 100 on the
+    others); with equal counts every weight is 1 and it is the plain mean. Frontier figures
+    stay the mean over the frontier's problems, as the primary metric was declared.
+    """
+    _, index, counts = np.unique(np.asarray(levels_P), return_inverse=True, return_counts=True)
+    return (len(levels_P) / (len(counts) * counts))[index]
+
+
+def _figures_of(result: Evaluated, metrics: tuple[str, ...], frontier: list[int]) -> dict:
+    out: dict[str, Any] = {}
+    on_frontier = np.isin(result.levels, frontier)
+    pooled_weights = level_weights(result.levels)
+    for metric in metrics:
+        values = _per_problem(result, metric)
+        out[f"pooled {metric}"] = float(np.mean(values * pooled_weights))
+        out[f"frontier {metric}"] = float(values[on_frontier].mean()) if frontier else float("nan")
+        for level in sorted(set(result.levels.tolist())):
+            out[f"L{level} {metric}"] = float(values[result.levels == level].mean())
+    out["sampled_tokens"] = result.sampled_tokens
+    return out
+
+
+def collect(
+    config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *, check_stamps: bool = True
+) -> dict[str, Any]:
+    """Reads a finished study: per-seed figures, the primary paired gains with intervals, the
+    power (smallest detectable gain), secondary gains and token costs; JSON-ready.
+
+    Args:
+      config: the study's config.
+      workdir: its work directory.
+      check_stamps: refuse evaluation files made under another config (False reads them
+        anyway, e.g. files written by hand).
+
+    Raises:
+      FileNotFoundError: a run or the warm start has no evaluation file (run the study first).
+      ValueError: with `check_stamps`, a run evaluated under another config.
+    """
+    workdir = pathlib.Path(workdir)
+    split = config.eval.split
+    arms, seeds = list(arms_of(config)), seeds_of(config)
+    frontier, frontier_k = warm_start_frontier(workdir / BASELINE)
+    k = config.eval.num_samples
+    # (mean@n, the fraction of samples right, is the unbiased pass@1: reported once, as pass@1)
+    metrics = tuple(dict.fromkeys((config.primary.metric, "pass@1", f"pass@{k}")))
+
+    def path_of(arm, seed):
+        return _eval_file(workdir / arm / f"seed_{seed}", split)
+
+    missing = [str(path_of(a, s)) for a in arms for s in seeds if not path_of(a, s).exists()]
+    if missing:
+        raise FileNotFoundError(f"{len(missing)} runs have no evaluation yet: {missing[:4]}")
+    if check_stamps:
+        stale = [spec.name for spec in pending(config, workdir) if spec.arm in arms]
+        if stale:
+            raise ValueError(
+                f"{len(stale)} runs were evaluated under another config ({stale[:4]}): run the "
+                "study again to bring them up to date"
+            )
+    loaded = {arm: {seed: _load(path_of(arm, seed)) for seed in seeds} for arm in arms}
+    warm = _load(_eval_file(workdir / BASELINE, split))
+
+    per_seed = {
+        arm: {str(seed): _figures_of(loaded[arm][seed], metrics, frontier) for seed in seeds}
+        for arm in arms
+    }
+    primary_metric = config.primary.metric
+    levels_of_primary = frontier if config.primary.levels == "frontier" else None
+
+    def matrix(arm, metric, levels):
+        """[seeds, problems] values: those of `levels`' problems, or for the pooled scope
+        (`levels` None) all of them scaled by `level_weights`, so that their mean (and the
+        paired gain's ratio of means) weighs every level equally."""
+        rows = []
+        for seed in seeds:
+            result = loaded[arm][seed]
+            values = _per_problem(result, metric)
+            if levels is None:
+                values = values * level_weights(result.levels)
+            else:
+                values = values[np.isin(result.levels, levels)]
+            rows.append(values)
+        return np.stack(rows)
+
+    def gain(arm, metric, levels):
+        """The paired gain, or None when undefined (no such problems, or a baseline at 0)."""
+        if levels is not None and not levels:
+            return None
+        base = matrix(config.baseline, metric, levels)
+        if base.mean() <= 0:
+            return None
+        paired = paired_relative_gain(
+            matrix(arm, metric, levels),
+            base,
+            num_resamples=config.primary.num_resamples,
+            confidence=config.primary.confidence,
+            seed=0,
+        )
+        return {
+            "gain": paired.gain,
+            "low": paired.low,
+            "high": paired.high,
+            "standard_error": paired.standard_error,
+            "detectable_gain": detectable_gain(paired.standard_error),
+            "per_seed": list(paired.per_seed),
+        }
+
+    others = [arm for arm in arms if arm != config.baseline]
+    primary = {arm: gain(arm, primary_metric, levels_of_primary) for arm in others}
+    secondary = {
+        arm: {
+            f"{scope} {metric}": gain(arm, metric, levels)
+            for metric in metrics
+            for scope, levels in (("pooled", None), ("frontier", frontier))
+            if (scope, metric) != ("frontier" if levels_of_primary else "pooled", primary_metric)
+        }
+        for arm in others
+    }
+    means = {
+        arm: {
+            name: float(np.mean([per_seed[arm][str(s)][name] for s in seeds]))
+            for name in per_seed[arm][str(seeds[0])]
+        }
+        for arm in arms
+    }
+    base_tokens = means[config.baseline]["sampled_tokens"]
+    return {
+        "split": split,
+        "arms": arms,
+        "seeds": seeds,
+        "baseline": config.baseline,
+        "frontier_levels": frontier,
+        "frontier_k": frontier_k,
+        "primary_declaration": config.primary.to_dict(),
+        "primary": primary,
+        "secondary": secondary,
+        "mean": means,
+        "per_seed": per_seed,
+        "warm_start": _figures_of(warm, metrics, frontier),
+        "token_ratio": {
+            arm: means[arm]["sampled_tokens"] / base_tokens if base_tokens else float("nan")
+            for arm in arms
+        },
+        "problems": {
+            "total": int(len(warm.levels)),
+            "frontier": int(np.isin(warm.levels, frontier).sum()),
+        },
+    }
+
+
+# --- Writing the results ----------------------------------------------------------------------
+
+RESULTS_BEGIN = "<!-- study results: written by experiments/compare.py; do not edit by hand -->"
+RESULTS_END = "<!-- end of study results -->"
+
+
+def run_figures(config: ml_collections.ConfigDict, workdir: pathlib.Path, spec: RunSpec) -> str:
+    """One line with a finished run's held-out figures (what RESULTS.md's per-seed table shows)."""
+    folder = workdir / spec.arm / f"seed_{spec.seed}"
+    frontier, _ = warm_start_frontier(workdir / BASELINE)
+    result = _load(_eval_file(folder, config.eval.split))
+    figures = _figures_of(result, (config.primary.metric, "pass@1"), frontier)
+    shown = ", ".join(
+        f"{name} {figures[name]:.4f}"
+        for name in (
+            f"frontier {config.primary.metric}",
+            f"pooled {config.primary.metric}",
+            "pooled pass@1",
+        )  # fmt: skip
+    )
+    return f"{spec.name}: {shown}, sampled tokens {result.sampled_tokens:.0f}"
+
+
+def write_results(
+    config: ml_collections.ConfigDict,
+    workdir: str | pathlib.Path,
+    results_dir: str | pathlib.Path,
+    results_md: str | pathlib.Path | None = None,
+) -> dict[str, Any]:
+    """Collects a finished study into `results_dir` (`study.json`, `tables.md`, the figures of
+    `gdro_jax.study._report`) and, given `results_md`, replaces the block between its
+    `RESULTS_BEGIN` and `RESULTS_END` lines with the tables (the file's prose is kept)."""
+    workdir, results_dir = pathlib.Path(workdir), pathlib.Path(results_dir)
+    if results_md is not None:  # checked before anything is written
+        results_md = pathlib.Path(results_md)
+        text = results_md.read_text() if results_md.exists() else ""
+        if text and (RESULTS_BEGIN not in text or RESULTS_END not in text):
+            raise ValueError(
+                f"{results_md}: no '{RESULTS_BEGIN}' ... '{RESULTS_END}' block to replace"
+            )
+    summary = collect(config, workdir)
+    results_dir.mkdir(parents=True, exist_ok=True)
+    (results_dir / "study.json").write_text(json.dumps(summary, indent=2) + "\n")
+    tables = format_tables(summary)
+    (results_dir / "tables.md").write_text(tables + "\n")
+    draw_figures(summary, workdir, results_dir)
+    if results_md is not None:
+        block = f"{RESULTS_BEGIN}\n{tables}\n{RESULTS_END}"
+        if text:
+            head, _, rest = text.partition(RESULTS_BEGIN)
+            _, _, tail = rest.partition(RESULTS_END)
+            results_md.write_text(head + block + tail)
+        else:
+            results_md.write_text(block + "\n")
+    return summary
