@@ -12,7 +12,7 @@ are mostly compiled to run a few times, and LLVM's passes are most of their comp
 suite's CPU time falls by a fifth). Every process of the suite compiles at that level, the ones
 tests start too (`XLA_FLAGS` is inherited): the level changes the last bits of float results,
 and several tests compare a run in this process with one in another bit for bit.
-`tests/test_readme.py` runs the README's commands at level 1 instead (see there).
+`tests/test_docs.py` runs the documentation's commands at level 1 instead (see there).
 """
 
 import atexit

@@ -5,6 +5,7 @@ message on stderr without a traceback, and that the work directory was not creat
 file given as the work directory, left byte for byte as it was).
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -43,8 +44,26 @@ def _one_line_error(completed, *fragments):
         ((*TRAIN, "--config.method=foo"), ("config.method", "'foo'", "gdro_both")),
         ((*SIM, "--config.methods=foo"), ("methods", "'foo'", "grpo")),
         (("experiments.train", "--config=experiments/configs/nope.py"), ("nope.py", "no such")),
+        (
+            (*TRAIN, "--config.modle.compute_dtype=bfloat16"),
+            ("--config.modle.compute_dtype", "no field 'modle'", "did you mean model?"),
+        ),
+        (
+            (*TRAIN, "--config.grpo.eps_hi=0.3"),
+            ("config.grpo has no field 'eps_hi'", "eps_high"),
+        ),
+        ((*SIM, "--config.prompt_gdro.etaa=1.0"), ("no field 'etaa'", "did you mean eta?")),
+        ((*TRAIN, "--config.steps.more=3"), ("config.steps is a value, not a block",)),
     ],
-    ids=["unknown-method", "unknown-sim-method", "missing-config-file"],
+    ids=[
+        "unknown-method",
+        "unknown-sim-method",
+        "missing-config-file",
+        "misspelt-block",
+        "misspelt-field",
+        "misspelt-sim-field",
+        "field-of-a-value",
+    ],
 )
 def test_a_refused_command_writes_nothing(tmp_path, argv, fragments):
     workdir = tmp_path / "run"
@@ -60,6 +79,22 @@ def test_a_workdir_that_is_a_file_is_refused_and_left_alone(tmp_path, argv):
     completed = _run(argv[0], *argv[1:], f"--workdir={workdir}")
     _one_line_error(completed, "--workdir=", "is a file")
     assert workdir.read_text() == "mine\n"
+
+
+def test_a_field_the_shipped_config_did_not_spell_out_is_overridden(tmp_path):
+    """`tiny_cpu.py` holds every field of the run schema, so the README's bfloat16 override runs
+    (a 1-layer model, 4 prompts, one step)."""
+    workdir = tmp_path / "run"
+    completed = _run(
+        *TRAIN, f"--workdir={workdir}", "--config.model.compute_dtype=bfloat16",
+        "--config.steps=1", "--config.num_prompts=4", "--config.n_mean=2",
+        "--config.max_new_tokens=8", "--config.model.num_layers=1", "--config.task.pool_size=16",
+        "--config.progress=False",
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    saved = json.loads((workdir / "config.json").read_text())
+    assert saved["model"]["compute_dtype"] == "bfloat16"
+    assert json.loads((workdir / "model" / "config.json").read_text())["num_hidden_layers"] == 1
 
 
 def test_debug_variable_brings_the_traceback_back(tmp_path):

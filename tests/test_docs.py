@@ -1,10 +1,11 @@
-"""The README's examples run as written: every ```python block and every ```bash command.
+"""The documentation's examples run as written: every ```python block and every ```bash command of
+README.md and of each page of docs/, in the order of `PAGES` (the README's index).
 
 Python blocks run one after another in one subprocess (one jax import for all), each in a fresh
 namespace, as a user would run them: one CPU device, from an empty folder, the repository on the
 path. Each ```bash command runs from the repository root with `python` replaced by this
 interpreter and `runs/...` folders moved to a temporary folder, which the bash blocks share in
-README order, as a reader following the README would.
+page order, as a reader following the pages would.
 
 A block whose first line is `# needs: ...` (a GPU, the network, a big model) or `# takes: ...`
 (over a minute on CPU) is skipped with that reason; the reader sees the same line. A block marked
@@ -27,8 +28,16 @@ from tests._subprocesses import xla_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+# The README, then its index of docs/ in order (a page's commands may use an earlier one's runs).
+PAGES = ["README.md"] + [
+    f"docs/{name}.md"
+    for name in (
+        "controllers", "models", "tasks-and-data", "training", "scaling", "checkpoints",
+        "evaluation", "studies", "simulation", "architecture", "testing",
+    )
+]  # fmt: skip
 DATA_FILES = "needs: the data files"
-PYTHON_SECONDS = 600  # all python blocks together
+PYTHON_SECONDS = 900  # all python blocks together
 COMMAND_SECONDS = 300  # one shell command (each is under a minute on an idle 2-core machine)
 
 _FENCE = re.compile(r"^```(\w*)[ \t]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
@@ -43,12 +52,13 @@ import json, sys, traceback
 blocks, out = json.load(open(sys.argv[1])), sys.argv[2]
 results = {}
 for block in blocks:
-    code = "\n" * (block["line"] - 1) + block["code"]  # tracebacks name README.md's lines
+    code = "\n" * (block["line"] - 1) + block["code"]  # tracebacks name the page's lines
+    page = block["where"].rsplit(":", 1)[0]
     try:
-        exec(compile(code, "README.md", "exec"), {"__name__": "__main__"})
-        results[block["line"]] = None
+        exec(compile(code, page, "exec"), {"__name__": "__main__"})
+        results[block["where"]] = None
     except BaseException:
-        results[block["line"]] = traceback.format_exc()
+        results[block["where"]] = traceback.format_exc()
     with open(out, "w") as file:
         json.dump(results, file)
 """
@@ -56,12 +66,17 @@ for block in blocks:
 
 class Block(NamedTuple):
     language: str  # the fence's info string: "python", "bash", or "" for plain text
-    line: int  # README line of the block's first line of code
+    page: str  # the Markdown file, relative to the repository
+    line: int  # the page's line of the block's first line of code
     code: str
     skip: str | None  # the block's `# needs:` / `# takes:` line, or None
 
+    @property
+    def where(self) -> str:
+        return f"{self.page}:{self.line}"
 
-def readme_blocks(text: str) -> list[Block]:
+
+def page_blocks(text: str, page: str = "README.md") -> list[Block]:
     """Every fenced block of a Markdown text, with its skip marker if it has one."""
     blocks = []
     for match in _FENCE.finditer(text):
@@ -72,7 +87,7 @@ def readme_blocks(text: str) -> list[Block]:
         skip = marker[1] if marker else None
         if skip and skip.startswith(DATA_FILES) and data.default_data_dir() is not None:
             skip = None
-        blocks.append(Block(language, line, code, skip))
+        blocks.append(Block(language, page, line, code, skip))
     return blocks
 
 
@@ -97,20 +112,35 @@ def _env() -> dict[str, str]:
     return env
 
 
-BLOCKS = readme_blocks(README.read_text(encoding="utf-8"))
+BLOCKS = [
+    block
+    for page in PAGES
+    for block in page_blocks((ROOT / page).read_text(encoding="utf-8"), page)
+]
 PYTHON_BLOCKS = [b for b in BLOCKS if b.language == "python"]
 BASH_BLOCKS = [b for b in BLOCKS if b.language == "bash"]
 
 
 def _id(block: Block) -> str:
-    return f"line{block.line}"
+    return f"{Path(block.page).stem}:line{block.line}"
 
 
-def test_readme_has_runnable_examples_of_both_kinds():
+def test_every_page_is_tested_and_in_the_readmes_index():
+    """A page of docs/ outside `PAGES` would escape these tests; one the README does not link
+    would escape its readers."""
+    pages = {f"docs/{path.name}" for path in (ROOT / "docs").glob("*.md")}
+    assert pages == set(PAGES[1:])
+    readme = README.read_text(encoding="utf-8")
+    assert all(f"]({page})" in readme for page in PAGES[1:])
+    assert readme.count("\n") <= 250, "the README stays short: details go to docs/"
+
+
+def test_the_pages_have_runnable_examples_of_both_kinds():
     """The parser finds the examples (a broken fence pattern would silently test nothing)."""
     for blocks, kind in ((PYTHON_BLOCKS, "python"), (BASH_BLOCKS, "bash")):
         runnable = [b for b in blocks if b.skip is None]
         assert len(runnable) >= 3, f"only {len(runnable)} runnable {kind} blocks were found"
+    assert {b.page for b in PYTHON_BLOCKS if b.skip is None} >= {"README.md", "docs/training.md"}
 
 
 def test_code_is_only_in_tested_fences():
@@ -119,15 +149,17 @@ def test_code_is_only_in_tested_fences():
         if block.language in ("python", "bash"):
             continue
         code = [line for line in block.code.splitlines() if _CODE_LINE.match(line)]
-        assert not code, f"README.md:{block.line}: untagged code fence holds {code[0]!r}"
+        assert not code, f"{block.where}: untagged code fence holds {code[0]!r}"
 
 
 @pytest.fixture(scope="module")
 def python_results(tmp_path_factory):
     """Runs every python block that is not skipped; maps its line to its error (None: it ran)."""
-    folder = tmp_path_factory.mktemp("readme_python")
+    folder = tmp_path_factory.mktemp("docs_python")
     blocks_file, results_file = folder / "blocks.json", folder / "results.json"
-    runnable = [dict(line=b.line, code=b.code) for b in PYTHON_BLOCKS if b.skip is None]
+    runnable = [
+        dict(where=b.where, line=b.line, code=b.code) for b in PYTHON_BLOCKS if b.skip is None
+    ]
     blocks_file.write_text(json.dumps(runnable))
     work = folder / "cwd"  # the blocks start in an empty folder, never in the repository
     work.mkdir()
@@ -144,38 +176,38 @@ def python_results(tmp_path_factory):
     except subprocess.TimeoutExpired:
         tail = f"the python blocks ran past {PYTHON_SECONDS} s"
     results = json.loads(results_file.read_text()) if results_file.exists() else {}
-    return {int(line): error for line, error in results.items()}, tail
+    return results, tail
 
 
 @pytest.mark.parametrize("block", PYTHON_BLOCKS, ids=_id)
 def test_python_block_runs(block, python_results):
     """The block runs to its end without raising (its own asserts included)."""
     if block.skip:
-        pytest.skip(f"README.md:{block.line}: {block.skip}")
+        pytest.skip(f"{block.where}: {block.skip}")
     errors, tail = python_results
-    if block.line not in errors:
-        pytest.fail(f"README.md:{block.line} never finished:\n{tail}", pytrace=False)
-    if errors[block.line] is not None:
-        pytest.fail(f"README.md:{block.line} raised:\n{errors[block.line]}", pytrace=False)
+    if block.where not in errors:
+        pytest.fail(f"{block.where} never finished:\n{tail}", pytrace=False)
+    if errors[block.where] is not None:
+        pytest.fail(f"{block.where} raised:\n{errors[block.where]}", pytrace=False)
 
 
 @pytest.fixture(scope="module")
 def runs_dir(tmp_path_factory):
     """Stands in for `runs/`, shared by the bash blocks like a reader's folder."""
-    return tmp_path_factory.mktemp("readme_runs")
+    return tmp_path_factory.mktemp("docs_runs")
 
 
 @pytest.mark.parametrize("block", BASH_BLOCKS, ids=_id)
 def test_bash_block_runs(block, runs_dir):
     """Every command of the block exits 0 without a traceback."""
     if block.skip:
-        pytest.skip(f"README.md:{block.line}: {block.skip}")
+        pytest.skip(f"{block.where}: {block.skip}")
     commands = shell_commands(block.code)
-    assert commands, f"README.md:{block.line}: a bash block without a command"
+    assert commands, f"{block.where}: a bash block without a command"
     for argv in commands:
         shown = shlex.join(argv)
         assert argv[0] == "python", (
-            f"README.md:{block.line}: `{shown}`: only `python ...` commands run here; "
+            f"{block.where}: `{shown}`: only `python ...` commands run here; "
             "mark the block `# needs: ...` or `# takes: ...` if it cannot"
         )
         argv = [sys.executable] + [_RUNS.sub(lambda m: m[1] + str(runs_dir), a) for a in argv[1:]]
@@ -190,6 +222,6 @@ def test_bash_block_runs(block, runs_dir):
         output = process.stdout + process.stderr
         if process.returncode != 0 or "Traceback" in output:
             pytest.fail(
-                f"README.md:{block.line}: `{shown}` exited {process.returncode}:\n{output[-3000:]}",
+                f"{block.where}: `{shown}` exited {process.returncode}:\n{output[-3000:]}",
                 pytrace=False,
             )
