@@ -13,7 +13,7 @@ SIGTERM, 130 for SIGINT), so a scheduler or a shell `&&` does not take the run f
 
 Several processes (hosts): the same command in every process, plus `--coordinator_address`,
 `--num_processes` and `--process_id`, or `--distributed` to let JAX read the cluster; inside a
-SLURM job with several tasks nothing needs adding (README: "Several hosts").
+SLURM job with several tasks nothing needs adding (docs/scaling.md: "Several hosts").
 """
 
 import sys

@@ -57,37 +57,38 @@ def format_comparison(
     frontier_levels: list[int] | None = None,
     frontier_k: int = evaluation.FRONTIER_K,
 ) -> str:
-    """One table: rows are levels, `pooled` and (given `frontier_levels`) `frontier`, pooled
-    over those levels only; for each method, pass@k for every k in `ks`. The pooled figure is
-    mostly the easy levels at their ceiling: the frontier row is where methods can differ."""
+    """One table per k (`pass@k`), each with a column per method and a row per level, `pooled`
+    and (given `frontier_levels`) `frontier`, pooled over those levels only. One metric per table
+    keeps it narrow (five methods fit 80 columns). The pooled figure is mostly the easy levels at
+    their ceiling: the frontier row is where methods can differ."""
     methods = list(results)
     levels = list(next(iter(results.values())).by_level)
-    header = f"{'level':>8} " + " ".join(
-        f"{f'{m} pass@{k}':>{max(len(m) + 7, 14)}}" for m in methods for k in ks
-    )
-    lines = [header]
+    width = max(9, *(len(m) + 1 for m in methods))
     rows: list[tuple[str, Any]] = [(f"L{level}", level) for level in levels]
     rows.append(("pooled", None))
     if frontier_levels is not None:
         rows.append(("frontier", frontier_levels))
-    for name, level in rows:
-        cells = []
-        for m in methods:
-            for k in ks:
-                width = max(len(m) + 7, 14)
+    tables = []
+    for k in ks:
+        lines = [f"{f'pass@{k}':<9}" + "".join(f"{m:>{width}}" for m in methods)]
+        for name, level in rows:
+            cells = []
+            for m in methods:
                 if isinstance(level, list):
                     value = frontier_pass_at(results[m], k, level)
                 else:
                     value = results[m].pass_at(k, level)
                 cells.append(f"{value:>{width}.3f}")
-        lines.append(f"{name:>8} " + " ".join(cells))
+            lines.append(f"{name:<9}" + "".join(cells))
+        tables.append("\n".join(lines))
+    text = "\n\n".join(tables)
     if frontier_levels is not None:
         shown = ", ".join(f"L{level}" for level in frontier_levels) or "none"
-        lines.append(
-            f"frontier: {shown} (the warm start's validation pass@{frontier_k} below "
+        text += (
+            f"\nfrontier: {shown} (the warm start's validation pass@{frontier_k} below "
             f"{evaluation.FRONTIER_PASS})"
         )
-    return "\n".join(lines)
+    return text
 
 
 def _plot_rewards(workdir: pathlib.Path, methods: list[str]) -> None:
