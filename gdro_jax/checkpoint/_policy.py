@@ -24,6 +24,7 @@ from gdro_jax.checkpoint._orbax import (
     CHECKPOINT_DIR,
     FORMAT_VERSION,
     _abstract_leaf,
+    _lookup,
     _named_leaves,
     _nest,
     checkpoint_manager,
@@ -75,12 +76,7 @@ def _restore_parameters(manager, step: int, template) -> Any:
     meta = restored["meta"]
     if meta.get("format") != FORMAT_VERSION or meta.get("step") != step:
         raise ValueError(f"meta names format {meta.get('format')} step {meta.get('step')}")
-    leaves = []
-    for path, _ in named:
-        value = restored["state"]
-        for part in path:
-            value = value[part]
-        leaves.append(value)
+    leaves = [_lookup(restored["state"], path) for path, _ in named]
     params = jax.tree_util.tree_unflatten(treedef, leaves)
     got = state_checksums(params)
     bad = [name for name, sums in got.items() if meta["checksums"].get(name) != sums]

@@ -34,6 +34,7 @@ from gdro_jax.configs._run import (
     mesh_shape_of,
     read_run_config,
     task_kind,
+    tokenizer_folder,
 )
 from gdro_jax.configs._schema import (
     Field,
@@ -90,5 +91,6 @@ __all__ = [
     "run_mesh",
     "run_schema",
     "task_kind",
+    "tokenizer_folder",
     "unknown_fields",
 ]

@@ -133,38 +133,40 @@ def make_optimizer(
       Loshchilov and Hutter, "Decoupled Weight Decay Regularization", 2019 (AdamW);
       "SGDR: Stochastic Gradient Descent with Warm Restarts", 2017 (cosine decay).
     """
-    block = optimizer
-    if not block.learning_rate > 0:
-        raise ValueError(f"learning_rate must be > 0, got learning_rate={block.learning_rate!r}")
+    rate, warmup = optimizer.learning_rate, optimizer.warmup_steps
+    if not rate > 0:
+        raise ValueError(f"learning_rate must be > 0, got learning_rate={rate!r}")
     if decay_steps is None:
-        if block.warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be >= 0, got warmup_steps={block.warmup_steps!r}")
-        schedule = block.learning_rate
-        if block.warmup_steps > 0:
-            schedule = optax.linear_schedule(0.0, block.learning_rate, block.warmup_steps)
+        if warmup < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got warmup_steps={warmup!r}")
+        schedule = rate
+        if warmup > 0:
+            schedule = optax.linear_schedule(0.0, rate, warmup)
     else:
-        if not 0 <= block.warmup_steps < decay_steps:
+        if not 0 <= warmup < decay_steps:
             raise ValueError(
-                f"warmup_steps must be in [0, steps={decay_steps}), "
-                f"got warmup_steps={block.warmup_steps!r}"
+                f"warmup_steps must be in [0, steps={decay_steps}), got warmup_steps={warmup!r}"
             )
-        if not 0 <= block.end_lr_fraction <= 1:
-            raise ValueError(
-                f"end_lr_fraction must be in [0, 1], got end_lr_fraction={block.end_lr_fraction!r}"
-            )
+        end = optimizer.end_lr_fraction
+        if not 0 <= end <= 1:
+            raise ValueError(f"end_lr_fraction must be in [0, 1], got end_lr_fraction={end!r}")
         schedule = optax.warmup_cosine_decay_schedule(
             init_value=0.0,
-            peak_value=block.learning_rate,
-            warmup_steps=block.warmup_steps,
+            peak_value=rate,
+            warmup_steps=warmup,
             decay_steps=decay_steps,
-            end_value=block.learning_rate * block.end_lr_fraction,
+            end_value=rate * end,
         )
     parts = []
-    if block.grad_clip > 0:
-        parts.append(optax.clip_by_global_norm(block.grad_clip))
+    if optimizer.grad_clip > 0:
+        parts.append(optax.clip_by_global_norm(optimizer.grad_clip))
     parts.append(
         optax.adamw(
-            schedule, b1=block.b1, b2=block.b2, eps=block.eps, weight_decay=block.weight_decay
+            schedule,
+            b1=optimizer.b1,
+            b2=optimizer.b2,
+            eps=optimizer.eps,
+            weight_decay=optimizer.weight_decay,
         )
     )
     return optax.chain(*parts)

@@ -214,6 +214,17 @@ def task_kind(config: Mapping[str, Any]) -> str:
     return kind
 
 
+def tokenizer_folder(config: Mapping[str, Any]) -> str:
+    """The folder of a math run's tokenizer: `tokenizer`, else the one in `init_from`."""
+    folder = config.get("tokenizer") or config.get("init_from")
+    if not folder:
+        raise ValueError(
+            "the math task needs a tokenizer: set config.tokenizer or config.init_from to a "
+            "folder with the tokenizer files"
+        )
+    return folder
+
+
 def chain_task_config(config: Mapping[str, Any]) -> tasks.ChainTaskConfig:
     """The chain task of a run or warm-start config (its `task` block), e.g. as a run's
     `config.json` or a checkpoint stores it."""
@@ -275,11 +286,8 @@ def read_run_config(
         chain = _built("task", tasks.ChainTaskConfig, config.task.to_dict())
     else:
         math_task = _built("math", tasks.MathTaskConfig, config.math.to_dict())
-    if kind == "math" and not (config.tokenizer or config.init_from):
-        raise ValueError(
-            "the math task needs a tokenizer: set config.tokenizer or config.init_from to a "
-            "folder with the tokenizer files"
-        )
+    if kind == "math":
+        tokenizer_folder(config)
     model = None
     if not config.init_from:
         model = _built("model", models.DecoderConfig.from_dict, {"fields": config.model.to_dict()})

@@ -133,7 +133,7 @@ def _run_tokenizer(run_config: dict[str, Any]):
     else the one in `init_from`; only the tokenizer files are read)."""
     if configs.task_kind(run_config) == "chain":
         return tasks.hf_tokenizer()
-    return models.load_tokenizer(run_config.get("tokenizer") or run_config["init_from"])
+    return models.load_tokenizer(configs.tokenizer_folder(run_config))
 
 
 def _load(path, dtype: str):

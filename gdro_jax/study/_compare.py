@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 
 import ml_collections
 
-from gdro_jax import configs, models, tasks
+from gdro_jax import configs, controllers, models, tasks
 from gdro_jax import eval as evaluation
 from gdro_jax.eval import evaluate_with
 from gdro_jax.study._demo import BASELINE
@@ -116,8 +116,14 @@ def apply_overrides(
 
 def arms_of(config: ml_collections.ConfigDict) -> dict[str, dict[str, Any]]:
     """The study's arms in order, name -> overrides: those `config.run` names (comma-separated),
-    or all of `config.arms`."""
+    or all of `config.arms`. An arm's `method` must be one of `controllers.METHODS`."""
     arms = {name: parse_overrides(text, where=f"arms.{name}") for name, text in config.arms.items()}
+    for name, overrides in arms.items():
+        if "method" in overrides:
+            try:
+                controllers.get_method(overrides["method"])
+            except ValueError as error:
+                raise ValueError(f"arms.{name}: {error}") from None
     if config.baseline not in arms:
         raise ValueError(f"baseline {config.baseline!r} is not one of the arms {sorted(arms)}")
     chosen = [name for name in config.run.split(",") if name]

@@ -21,7 +21,7 @@ import numpy as np
 from flax import nnx
 from matplotlib.figure import Figure
 
-from gdro_jax import configs, models, tasks
+from gdro_jax import configs, controllers, models, tasks
 from gdro_jax import eval as evaluation
 from gdro_jax.eval import evaluate_with, pass_at_k
 from gdro_jax.train import read_metrics, train
@@ -166,6 +166,9 @@ def run_demo(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> 
       A dict with `results` (method -> `TaskEvaluation`, the warm start included), `table`
       and `seconds` (wall time per phase).
     """
+    methods = [m for m in config.methods.split(",") if m]
+    for method in methods:  # before the warm start's minutes, not after them
+        controllers.get_method(method)
     workdir = pathlib.Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     seconds: dict[str, float] = {}
@@ -175,7 +178,6 @@ def run_demo(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> 
 
     task_config = configs.chain_task_config(config.train)
     test_rows = tasks.build_splits(task_config).test
-    methods = [m for m in config.methods.split(",") if m]
     results: dict[str, evaluation.TaskEvaluation] = {}
 
     # The warm start's own row: the same evaluation before any RL.

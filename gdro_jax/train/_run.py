@@ -80,7 +80,7 @@ def load_policy(settings: configs.RunSettings, mesh) -> models.Decoder:
 def _task(settings: configs.RunSettings) -> RLTask:
     if settings.task_kind == "chain":
         return tasks.chain_task(settings.chain, reward_values=settings.reward_values)
-    tokenizer = models.load_tokenizer(settings.tokenizer or settings.init_from)
+    tokenizer = models.load_tokenizer(configs.tokenizer_folder(settings.config))
     return tasks.math_task(settings.math, tokenizer, reward_values=settings.reward_values)
 
 

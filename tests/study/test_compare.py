@@ -294,6 +294,13 @@ def test_a_plus_field_adds_a_library_default_and_refuses_an_existing_one():
         study.apply_overrides(config, {"prompt_gdro.clip": None}, where="arm")
 
 
+def test_an_arm_with_an_unknown_method_is_named():
+    config = study_configs.get_config()
+    config.arms.grpo_typo = "method=gpro"
+    with pytest.raises(ValueError, match=r"arms.grpo_typo: method must be one of .*'gpro'"):
+        study.arms_of(config)
+
+
 def test_ablations_share_the_study_runs_of_its_arms():
     """The ablations' reference arms are the study's runs (same RL config and evaluation, so the
     same stamps in a shared workdir); the changed arms carry their settings."""
