@@ -30,34 +30,30 @@ NEW_TOKENS = 12
 # In a child process with one device: open the run as `experiments.evaluate` does, decode the
 # prompts greedily, and report what the process loaded and started.
 _OPEN = r"""
-import json, os, sys
+import json, subprocess, sys
+
+started = []  # every process started while opening (a grader's workers may be gone by the end)
+_start = subprocess.Popen.__init__
+
+
+def recording(self, *args, **kwargs):
+    started.append(str(args[0] if args else kwargs.get("args")))
+    _start(self, *args, **kwargs)
+
+
+subprocess.Popen.__init__ = recording
 import jax, numpy as np
 from flax import nnx
 from gdro_jax import eval as evaluation, sampling
 
 path, prompts = sys.argv[1], json.loads(sys.argv[2])
 policy = evaluation.open_policy(path)
+opened_with = list(started)
 result = sampling.generate(
     policy.model, prompts, key=jax.random.key(0), max_new_tokens=int(sys.argv[3]),
     temperature=0.0, eos_ids=[2], pad_id=0,
 )
-
-
 state = nnx.state(policy.model)
-
-
-def children():
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/stat") as file:
-                if int(file.read().rsplit(")", 1)[1].split()[1]) == os.getpid():
-                    found.append(int(pid))
-        except OSError:
-            pass
-    return found
-
-
 print(json.dumps({
     "devices": jax.device_count(),
     "step": policy.step,
@@ -65,7 +61,7 @@ print(json.dumps({
     "tokens": np.asarray(result.tokens).tolist(),
     "lengths": np.asarray(result.lengths).tolist(),
     "trainer_loaded": sorted(m for m in sys.modules if m.startswith("gdro_jax.train")),
-    "children": children(),
+    "started": opened_with,
     "placements": sorted({len(x.sharding.device_set) for x in jax.tree.leaves(state)}),
 }))
 """
@@ -138,7 +134,7 @@ def test_a_one_device_process_opens_the_run_without_the_trainer_and_decodes_as_t
     assert opened["devices"] == 1 and opened["placements"] == [1]
     assert opened["step"] == 2 and opened["task_kind"] == "chain"
     assert opened["trainer_loaded"] == [], "evaluation imported the trainer"
-    assert opened["children"] == [], "evaluation started processes"
+    assert opened["started"] == [], "evaluation started processes"
     assert opened["tokens"] == tokens and opened["lengths"] == lengths
 
 

@@ -6,6 +6,10 @@ also checked with completions written to contain the gold answer, and the update
 """
 
 import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -14,11 +18,13 @@ import pytest
 from flax import nnx
 
 from experiments.configs import paper_qwen3, paper_qwen3_1p7b, paper_qwen3_4b, paper_qwen3_8b
-from gdro_jax import configs, data, models, train
+from gdro_jax import checkpoint, configs, data, models, train
 from gdro_jax import eval as evaluation
 from gdro_jax.data import encode_prompts
 from gdro_jax.sampling import completion_logprobs
+from gdro_jax.train import _loop
 
+ROOT = Path(__file__).resolve().parents[2]
 NUM_PROMPTS = 8
 N_MEAN = 2
 
@@ -79,6 +85,51 @@ def test_one_full_step_samples_grades_and_updates(math_run):
         assert np.isfinite(float(metrics[name])), name
     assert set(times) == {"plan", "rollout", "reward", "update"}
     assert all(np.isfinite(p).all() for p in jax.tree.leaves(state.params))
+
+
+# In a child process: open a math run's checkpoint as `experiments.evaluate` does and report
+# whether the trainer was imported and whether any process (a grader worker) was started: every
+# `subprocess.Popen` is recorded, since a grader's workers may be gone again by the end.
+_OPEN_MATH = r"""
+import json, subprocess, sys
+
+started = []
+_start = subprocess.Popen.__init__
+
+
+def recording(self, *args, **kwargs):
+    started.append(str(args[0] if args else kwargs.get("args")))
+    _start(self, *args, **kwargs)
+
+
+subprocess.Popen.__init__ = recording
+from gdro_jax import eval as evaluation
+
+policy = evaluation.open_policy(sys.argv[1])
+print(json.dumps({
+    "task_kind": policy.task_kind, "step": policy.step, "started": started,
+    "vocab": len(policy.tokenizer), "layers": policy.model.config.num_layers,
+    "trainer_loaded": sorted(m for m in sys.modules if m.startswith("gdro_jax.train")),
+}))
+"""
+
+
+def test_a_math_checkpoint_opens_without_the_trainer_or_a_grader(math_run, tmp_path):
+    """Evaluation reads the policy alone: building the run would start grader workers."""
+    run, tokenizer = math_run
+    workdir = tmp_path / "math_run"
+    manager = checkpoint.checkpoint_manager(workdir / checkpoint.CHECKPOINT_DIR, keep=1)
+    _loop._save(manager, run, run.state, 0)  # step 0, as `train` writes a checkpoint
+    manager.close()
+    process = subprocess.run(
+        [sys.executable, "-c", _OPEN_MATH, str(workdir)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert process.returncode == 0, process.stderr[-3000:]
+    opened = json.loads(process.stdout.strip().splitlines()[-1])
+    assert opened["task_kind"] == "math" and opened["step"] == 0
+    assert opened["vocab"] == len(tokenizer) and opened["layers"] == run.policy.num_layers
+    assert opened["trainer_loaded"] == [] and opened["started"] == []
 
 
 def _completion_tokens(tokenizer, texts, width):
