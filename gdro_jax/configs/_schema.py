@@ -47,7 +47,7 @@ _ARG_LINE = re.compile(r"^(\s+)(\w+)(?: \([^)]*\))?: (.*)$")
 
 
 def _documented(docstring: str | None, section: str) -> dict[str, str]:
-    """`{name: first line of its description}` from a Google-style `Args:`/`Attributes:` section."""
+    """`{name: its description}` (lines joined) of a Google-style `Args:` or `Attributes:`."""
     found: dict[str, str] = {}
     lines = inspect.cleandoc(docstring or "").splitlines()
     inside, indent = False, None

@@ -152,3 +152,33 @@ def test_run_settings_are_read_once_and_typed():
     assert settings.chain == tasks.ChainTaskConfig(**tiny_cpu.get_config().task.to_dict())
     assert settings.math is None and settings.grpo == step.GRPOConfig()
     assert settings.checkpoint == configs.CheckpointSettings(True, 10, 2)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (
+            {"task_kind": "math", "tokenizer": "tok", "math.preset": "nope"},
+            r"config\.math\.preset must be one of .*got preset='nope'",
+        ),
+        (
+            {"task_kind": "math", "tokenizer": "tok", "math.limit": -1},
+            r"config\.math\.limit must be an int >= 0",
+        ),
+        ({"task_kind": "math"}, r"the math task needs a tokenizer: set config\.tokenizer"),
+        ({"task_kind": "text"}, r"config\.task_kind must be one of \('chain', 'math'\)"),
+        ({"model.head_dim": 3}, r"config\.model\.head_dim must be a positive even int"),
+        ({"task.num_levels": 3}, r"config\.task\.num_levels must be an int in \[6, 12\]"),
+        ({"optimizer.learning_rate": 0.0}, r"config\.optimizer\.learning_rate must be > 0"),
+    ],
+)
+def test_a_bad_value_is_named_under_its_block(fields, message):
+    config = tiny_cpu.get_config()
+    for dotted, value in fields.items():
+        *blocks, name = dotted.split(".")
+        node = config
+        for block in blocks:
+            node = node[block]
+        node[name] = value
+    with pytest.raises(ValueError, match=message):
+        configs.read_run_config(config, num_devices=1)
