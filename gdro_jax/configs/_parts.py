@@ -24,10 +24,14 @@ def _named(block: str, factory, *args, **kwargs):
         raise ValueError(f"config.{block}.{error}") from None
 
 
-def _part(name: str, factory, config: ml_collections.ConfigDict, num_bins: int):
+def _part(
+    name: str, factory, config: ml_collections.ConfigDict, num_bins: int, num_dataset_prompts: int
+):
     """A method's part from its config block, with the run-level arguments its factory takes
-    (`num_bins`, `n_mean`, `reward_values`: the Bernoulli proxies scale with the reward's range)."""
+    (`num_prompts`: the dataset's prompts a part keeps a history of; `num_bins`; `n_mean`;
+    `reward_values`: the Bernoulli proxies scale with the reward's range)."""
     run_level = {
+        "num_prompts": num_dataset_prompts,
         "num_bins": num_bins,
         "n_mean": config.n_mean,
         "reward_values": tuple(config.reward_values),
@@ -70,10 +74,14 @@ def build_controllers(
     prompt = rollout = None
     if method.prompt_adversary:
         factory = controllers.PARTS["prompt_adversary"][method.prompt_adversary]
-        prompt = _part(method.prompt_adversary, factory, config, classifier.num_bins)
+        prompt = _part(
+            method.prompt_adversary, factory, config, classifier.num_bins, num_dataset_prompts
+        )
     if method.rollout_allocation:
         factory = controllers.PARTS["rollout_allocation"][method.rollout_allocation]
-        rollout = _part(method.rollout_allocation, factory, config, classifier.num_bins)
+        rollout = _part(
+            method.rollout_allocation, factory, config, classifier.num_bins, num_dataset_prompts
+        )
     try:
         gdro = controllers.multi_adversary(
             classifier,

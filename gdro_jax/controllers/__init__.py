@@ -33,6 +33,13 @@ from gdro_jax.controllers._compose import (
     multi_adversary,
     slots_from_counts,
 )
+from gdro_jax.controllers._knapsack import (
+    Knapsack,
+    KnapsackInfo,
+    KnapsackState,
+    knapsack,
+    knapsack_value,
+)
 from gdro_jax.controllers._methods import (
     DECISIONS,
     METHODS,
@@ -76,6 +83,9 @@ __all__ = [
     "AllocationInfo",
     "ClassifierUpdate",
     "GDROState",
+    "Knapsack",
+    "KnapsackInfo",
+    "KnapsackState",
     "Method",
     "MultiAdversary",
     "PassKClassifier",
@@ -92,6 +102,8 @@ __all__ = [
     "continuous_allocation",
     "get_method",
     "integer_allocation",
+    "knapsack",
+    "knapsack_value",
     "method_adversaries",
     "multi_adversary",
     "passk_classifier",

@@ -138,7 +138,8 @@ def multi_adversary(
       per-prompt loss signal for the adversaries.
     """
     for name, adversary in (("prompt", prompt), ("rollout", rollout)):
-        if adversary is not None and adversary.num_bins != classifier.num_bins:
+        bins_of = getattr(adversary, "num_bins", None)  # an allocation by prompt has no bins
+        if bins_of is not None and bins_of != classifier.num_bins:
             raise ValueError(
                 f"{name}.num_bins={adversary.num_bins} differs from the classifier's "
                 f"num_bins={classifier.num_bins}"
@@ -205,7 +206,9 @@ def multi_adversary(
             num_rollouts = jnp.full((num_prompts,), n_mean, jnp.int32)
             mu = jnp.zeros((), jnp.float32)
         else:
-            num_rollouts, info = rollout.allocate(state.rollout, bins, p_hat, key)
+            num_rollouts, info = rollout.allocate(
+                state.rollout, bins, p_hat, key, prompt_ids=prompt_ids
+            )
             mu = info.mu
         if prompt is None or resample:
             weights = jnp.ones((num_prompts,), jnp.float32)
@@ -253,6 +256,7 @@ def multi_adversary(
                 num_correct=num_correct,
                 num_rollouts=plan.num_rollouts,
                 valid=valid,
+                prompt_ids=prompt_ids,
             )
         previous_bins = state.previous_bins
         if lagged:

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
+from gdro_jax.controllers._knapsack import knapsack
 from gdro_jax.controllers._prompt_gdro import prompt_gdro
 from gdro_jax.controllers._rollout_gdro import rollout_gdro
 
@@ -43,7 +44,7 @@ class Method(NamedTuple):
 # decision -> {part name: factory}. A part's name is its factory's and its config block's.
 PARTS: Mapping[str, Mapping[str, Callable]] = {
     "prompt_sampler": {},
-    "rollout_allocation": {"rollout_gdro": rollout_gdro},
+    "rollout_allocation": {"rollout_gdro": rollout_gdro, "knapsack": knapsack},
     "prompt_adversary": {"prompt_gdro": prompt_gdro},
     "group_filter": {},
 }
@@ -77,6 +78,11 @@ METHODS: Mapping[str, Method] = _registry(
         "Prompt-GDRO and Rollout-GDRO together",
         rollout_allocation="rollout_gdro",
         prompt_adversary="prompt_gdro",
+    ),
+    Method(
+        "knapsack",
+        "Knapsack-RL: rollouts per prompt by a knapsack over each prompt's success rate",
+        rollout_allocation="knapsack",
     ),
 )
 

@@ -58,7 +58,8 @@ class AllocationInfo(NamedTuple):
 
 class RolloutGDROUpdate(Protocol):
     """``update(state, bins, *, p_hat=None, losses=None, num_correct=None, num_rollouts=None,
-    valid=None) -> RolloutGDROState``; which observations are needed depends on the proxy."""
+    valid=None, prompt_ids=None) -> RolloutGDROState``; which observations are needed depends on
+    the proxy (`prompt_ids`, which an allocation by prompt needs, is not used)."""
 
     def __call__(
         self,
@@ -70,6 +71,7 @@ class RolloutGDROUpdate(Protocol):
         num_correct: jax.typing.ArrayLike | None = None,
         num_rollouts: jax.typing.ArrayLike | None = None,
         valid: jax.typing.ArrayLike | None = None,
+        prompt_ids: jax.typing.ArrayLike | None = None,
     ) -> RolloutGDROState: ...
 
 
@@ -227,7 +229,8 @@ def rollout_gdro(
             fallback_B = batch_proxy(bins, p_hat, jnp.ones(bins.shape, jnp.float32))
         return jnp.where(state.seen, state.variance, fallback_B)
 
-    def allocate(state, bins, p_hat=None, key=None):
+    def allocate(state, bins, p_hat=None, key=None, *, prompt_ids=None):
+        del prompt_ids  # by bin: the prompts themselves do not matter
         bins = jnp.asarray(bins, jnp.int32)
         if bins.ndim != 1:
             raise ValueError(f"bins must have rank 1, got shape {bins.shape}")
@@ -263,7 +266,9 @@ def rollout_gdro(
         num_correct=None,
         num_rollouts=None,
         valid=None,
+        prompt_ids=None,
     ):
+        del prompt_ids  # by bin: the prompts themselves do not matter
         bins = jnp.asarray(bins, jnp.int32)
         if bins.ndim != 1:
             raise ValueError(f"bins must have rank 1, got shape {bins.shape}")

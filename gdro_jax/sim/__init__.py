@@ -54,6 +54,7 @@ from gdro_jax.sim._report import (
 from gdro_jax.sim._simulate import (
     FAST_COMPILE_OPTIONS,
     METHODS,
+    SIMULATED_METHODS,
     MethodFlags,
     SimOutput,
     SimState,
@@ -77,6 +78,7 @@ __all__ = [
     "EXPERIMENT_KEYS",
     "FAST_COMPILE_OPTIONS",
     "METHODS",
+    "SIMULATED_METHODS",
     "ExperimentResult",
     "Interval",
     "MethodFlags",

@@ -58,6 +58,14 @@ class MethodFlags(NamedTuple):
 SIMULATED_PARTS = {"prompt_adversary": ("prompt_gdro",), "rollout_allocation": ("rollout_gdro",)}
 
 
+def _simulated(method) -> bool:
+    return all(p in SIMULATED_PARTS.get(d, ()) for d, p in method.parts().items())
+
+
+# The methods of `controllers.METHODS` whose every part the simulator models.
+SIMULATED_METHODS = tuple(name for name, method in METHODS.items() if _simulated(method))
+
+
 def method_flags(method: str) -> MethodFlags:
     """The `MethodFlags` of one of `controllers.METHODS` ("grpo", "prompt_gdro", ...), read off
     its record.
@@ -325,7 +333,7 @@ def seed_keys(num_seeds: int, seed: int = 0) -> jax.Array:
 
 def simulate(
     config: SimConfig,
-    methods: Sequence[str] = tuple(METHODS),
+    methods: Sequence[str] = SIMULATED_METHODS,
     *,
     num_seeds: int = 8,
     seed: int = 0,
@@ -337,7 +345,8 @@ def simulate(
 
     Args:
       config: the simulation.
-      methods: names from `METHODS`.
+      methods: names from `SIMULATED_METHODS` (the records of `controllers.METHODS` whose
+        parts the simulator models).
       num_seeds: seeds S, run in one vmapped call per method.
       seed: root seed of the S seed keys.
       progress: show a tqdm bar over methods.

@@ -1,10 +1,11 @@
 """The step's metrics, computed inside the jitted update: the curriculum made visible (SPEC 10).
 
 Per-bin arrays (names starting `bin/`: `q`, scores, prompts, rollouts, tokens, reward, the share
-of groups with all-equal rewards) and scalars (reward, accuracy, lengths, the shadow price `mu`,
-the lead-lag gap, `q`'s entropy and mean bin, the weighted standard error against a uniform
-allocation, the fraction of groups with a non-zero advantage). `train`'s writers put them in
-`metrics.jsonl` and TensorBoard.
+of groups with all-equal rewards), the step's decisions per prompt (`prompt/rollouts`; the update
+adds `prompt/ids`, the prompts the batch held) and scalars (reward, accuracy, lengths, the shadow
+price `mu`, the lead-lag gap, `q`'s entropy and mean bin, the weighted standard error against a
+uniform allocation, the fraction of groups with a non-zero advantage). `train`'s writers put them
+in `metrics.jsonl` and TensorBoard.
 """
 
 from __future__ import annotations
@@ -96,4 +97,5 @@ def step_metrics(
         "bin/tokens": tokens_B,
         "bin/reward": reward_mean_B,
         "bin/zero_advantage_fraction": zero_advantage_B,
+        "prompt/rollouts": plan.num_rollouts,
     }

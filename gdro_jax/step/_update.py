@@ -342,6 +342,7 @@ def make_update(
                 prompt_adversary=prompt_adversary,
             )
         )
+        metrics["prompt/ids"] = prompt_ids  # the batch's prompts, as the step drew them
         return new_state, metrics
 
     return update

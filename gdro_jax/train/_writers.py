@@ -1,8 +1,9 @@
 """The run's log writers: step metrics (`step.step_metrics`) into `metrics.jsonl` and TensorBoard.
 
 `MetricsWriter` writes one JSON object per line (scalars as numbers; per-bin arrays, names
-starting `bin/`, as lists) and one TensorBoard scalar per bin (`bin/q/3`); every line carries
-`step`. `rewind_metrics` cuts the file back to a checkpoint's cursor when a run resumes.
+starting `bin/`, and per-prompt ones, `prompt/`, as lists) and one TensorBoard scalar per bin
+(`bin/q/3`; the per-prompt arrays stay out of TensorBoard); every line carries `step`.
+`rewind_metrics` cuts the file back to a checkpoint's cursor when a run resumes.
 """
 
 from __future__ import annotations
@@ -74,6 +75,8 @@ class MetricsWriter:
                 if name == "step":
                     continue
                 if isinstance(value, list):
+                    if name.startswith("prompt/"):
+                        continue  # a scalar per prompt: metrics.jsonl holds them
                     for index, item in enumerate(value):
                         if isinstance(item, int | float):
                             self._tb.add_scalar(f"{name}/{index}", item, step)

@@ -65,6 +65,15 @@ def _rollout_step(adversary, state, key):
     return new_state, (n, info.mu)
 
 
+def _knapsack_step(allocator, state, key):
+    ids, _, num_correct, _ = _batch(key)
+    n, info = allocator.allocate(state, prompt_ids=ids)
+    new_state = allocator.update(
+        state, prompt_ids=ids, num_correct=jnp.minimum(num_correct, n), num_rollouts=n
+    )
+    return new_state, (n, info.mu, info.success_rate)
+
+
 def _multi_step(multi, state, key):
     k_batch, k_plan = jax.random.split(key)
     ids, _, _, losses = _batch(k_batch)
@@ -93,6 +102,9 @@ def _make(name):
     if name == "rollout_arms":
         a = controllers.rollout_gdro(NUM_BINS, mode="arms")
         return a.init, functools.partial(_rollout_step, a)
+    if name == "knapsack":
+        a = controllers.knapsack(NUM_PROMPTS, n_mean=4, n_min=2, n_max=8, min_history=2)
+        return a.init, functools.partial(_knapsack_step, a)
     if name == "multi_adversary":
         m = controllers.multi_adversary(
             controllers.passk_classifier(NUM_PROMPTS),
@@ -110,6 +122,7 @@ NAMES = [
     "prompt_gdro_hedge",
     "rollout_sqrt",
     "rollout_arms",
+    "knapsack",
     "multi_adversary",
 ]
 

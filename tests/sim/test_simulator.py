@@ -214,7 +214,7 @@ def runs():
     """Every method on two batches of seeds, counting backend compilations meanwhile."""
     simulator = sim.make_simulator(TINY, fast_compile=True)
     keys_a, keys_b = sim.seed_keys(3, seed=0), sim.seed_keys(3, seed=1)
-    flags = {method: sim.method_flags(method) for method in sim.METHODS}
+    flags = {method: sim.method_flags(method) for method in sim.SIMULATED_METHODS}
     compiles = []
 
     def listener(event, duration, **kwargs):
@@ -349,3 +349,9 @@ def test_the_rollout_proxy_scales_with_the_configs_rewards():
     pm_one, zero_one = (np.asarray(outputs[w].trace.variance) for w in (-1.0, 0.0))
     assert zero_one.max() <= 0.25 + 1e-6
     np.testing.assert_allclose(pm_one, 4.0 * zero_one, rtol=1e-5)
+
+
+def test_a_method_with_a_part_the_simulator_does_not_model_is_named():
+    assert set(sim.SIMULATED_METHODS) == {"grpo", "prompt_gdro", "rollout_gdro", "gdro_both"}
+    with pytest.raises(ValueError, match="does not model rollout_allocation='knapsack'"):
+        sim.method_flags("knapsack")

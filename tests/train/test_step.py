@@ -173,3 +173,22 @@ def test_two_steps_on_one_device_and_an_eight_device_mesh_agree(gdro_both_one_de
     # ~2e-3 of the learning rate (1e-2) on a few entries. A placement bug moves all by ~1e-2.
     for a, b in zip(jax.tree.leaves(params_1), jax.tree.leaves(params_8), strict=True):
         np.testing.assert_allclose(np.asarray(b), a, atol=3e-5, rtol=1e-5)
+
+
+def test_knapsack_allocates_by_prompt_without_recompiling():
+    """Knapsack-RL in the trainer (parity reward, every prompt back each second step, a history
+    of one visit): per-prompt rollouts that differ and sum to R, logged per prompt, one compile."""
+    config = _config("knapsack", **{"task.pool_size": 16, "knapsack.min_history": 4})
+    run = train.build_run(config, reward_fn=parity_reward)
+    state, rows = run.state, []
+    for _ in range(6):
+        state, metrics, _ = train.run_step(run, state, next(run.prompt_batches))
+        rows.append(jax.tree.map(np.asarray, metrics))
+    for phase in (run.plan, run.rollout, run.reward, run.update):
+        assert phase._cache_size() == 1
+    num_slots = config.num_prompts * config.n_mean
+    rollouts = [row["prompt/rollouts"] for row in rows]
+    assert all(r.sum() == num_slots for r in rollouts)
+    assert np.all(rollouts[0] == config.n_mean)  # no history yet: n_mean each
+    assert any(r.min() < config.n_mean < r.max() for r in rollouts[2:]), rollouts
+    assert all(len(row["prompt/ids"]) == config.num_prompts for row in rows)
