@@ -33,7 +33,7 @@ def paper_config(size: str) -> ml_collections.ConfigDict:
     if size not in SIZES:
         raise ValueError(f"size must be one of {sorted(SIZES)}, got size={size!r}")
     config = configs.run_config()  # every field; the controllers' defaults are the paper's
-    config.method = "grpo"  # grpo | prompt_gdro | rollout_gdro | gdro_both
+    config.method = "grpo"  # one of gdro_jax.controllers.METHODS (grpo, gdro_both, knapsack, ...)
     config.steps = 1000
     config.num_prompts = 256
     config.n_mean = 4

@@ -15,7 +15,7 @@ from gdro_jax import configs
 
 def get_config() -> ml_collections.ConfigDict:
     config = configs.run_config()
-    config.method = "grpo"  # grpo | prompt_gdro | rollout_gdro | gdro_both
+    config.method = "grpo"  # one of gdro_jax.controllers.METHODS (grpo, gdro_both, knapsack, ...)
     config.steps = 60
     # Rollouts: N prompts x n_mean rollouts = R slots every step, whatever the allocation.
     config.num_prompts = 32

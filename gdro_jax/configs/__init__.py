@@ -15,6 +15,7 @@
 from gdro_jax.configs._parts import (
     OptimizerConfig,
     build_controllers,
+    build_group_filter,
     make_optimizer,
     policy_config,
     policy_overrides,
@@ -70,6 +71,7 @@ __all__ = [
     "OptimizerConfig",
     "RunSettings",
     "build_controllers",
+    "build_group_filter",
     "canonical",
     "chain_task_config",
     "check_known",

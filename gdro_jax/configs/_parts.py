@@ -63,15 +63,23 @@ def build_controllers(
         method = controllers.get_method(config.method)
     except ValueError as error:
         raise ValueError(f"config.{error}") from None
-    unbuilt = {d: p for d, p in method.parts().items() if d in ("prompt_sampler", "group_filter")}
-    if unbuilt:
-        raise ValueError(f"config.method={method.name!r}: the trainer does not build {unbuilt}")
+    if method.group_filter and (method.rollout_allocation or method.prompt_adversary):
+        raise ValueError(
+            f"config.method={method.name!r}: a group filter trains on groups of n_mean "
+            "rollouts from earlier rounds, so it does not combine with a rollout allocation or "
+            "a prompt adversary"
+        )
     classifier_kwargs = config.classifier.to_dict()
     bins_from = classifier_kwargs.pop("bins_from", "prompt")  # read by `multi_adversary`
     classifier = _named(
         "classifier", controllers.passk_classifier, num_dataset_prompts, **classifier_kwargs
     )
-    prompt = rollout = None
+    prompt = rollout = sampler = None
+    if method.prompt_sampler:
+        factory = controllers.PARTS["prompt_sampler"][method.prompt_sampler]
+        sampler = _part(
+            method.prompt_sampler, factory, config, classifier.num_bins, num_dataset_prompts
+        )
     if method.prompt_adversary:
         factory = controllers.PARTS["prompt_adversary"][method.prompt_adversary]
         prompt = _part(
@@ -87,6 +95,7 @@ def build_controllers(
             classifier,
             prompt,
             rollout,
+            sampler=sampler,
             n_mean=config.n_mean,
             bins_from=bins_from,
             num_prompts=config.num_prompts,
@@ -96,6 +105,22 @@ def build_controllers(
             raise ValueError(f"config.classifier.{error}") from None
         raise
     return gdro, prompt
+
+
+def build_group_filter(config: ml_collections.ConfigDict) -> controllers.DynamicSampling | None:
+    """The group filter `config.method`'s record names (None: the update keeps every group),
+    over rounds of `config.num_prompts` groups.
+
+    Raises:
+      ValueError: naming the field of the filter's block (`config.dynamic_sampling.max_rounds`).
+    """
+    method = controllers.get_method(config.method)
+    if method.group_filter is None:
+        return None
+    factory = controllers.PARTS["group_filter"][method.group_filter]
+    return _named(
+        method.group_filter, factory, config.num_prompts, **config[method.group_filter].to_dict()
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,7 +19,12 @@ import jax
 import ml_collections
 
 from gdro_jax import controllers, models, tasks
-from gdro_jax.configs._parts import OptimizerConfig, build_controllers, make_optimizer
+from gdro_jax.configs._parts import (
+    OptimizerConfig,
+    build_controllers,
+    build_group_filter,
+    make_optimizer,
+)
 from gdro_jax.configs._schema import check_known, complete, is_block, run_schema
 from gdro_jax.step import GRPOConfig
 
@@ -33,6 +38,7 @@ class CheckpointSettings:
     enabled: bool
     every_steps: int
     keep: int
+    snapshot_steps: tuple[int, ...] = ()  # the policy is also saved after these steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,7 +188,15 @@ def _checkpoint(block: ml_collections.ConfigDict) -> CheckpointSettings:
     for name, value in (("every_steps", every_steps), ("keep", keep)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"config.checkpoint.{name} must be an int >= 1, got {name}={value!r}")
-    return CheckpointSettings(bool(block.enabled), every_steps, keep)
+    snapshots = block.get("snapshot_steps", ()) or ()
+    if not isinstance(snapshots, list | tuple) or not all(
+        isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in snapshots
+    ):
+        raise ValueError(
+            "config.checkpoint.snapshot_steps must be a tuple of ints >= 1, got "
+            f"snapshot_steps={snapshots!r}"
+        )
+    return CheckpointSettings(bool(block.enabled), every_steps, keep, tuple(sorted(set(snapshots))))
 
 
 def _max_skips(block: ml_collections.ConfigDict) -> int:
@@ -269,6 +283,7 @@ def read_run_config(
         raise ValueError(f"config.{error}") from None
     _rollout_budget(config, method)
     build_controllers(config, num_dataset_prompts=num_prompts)  # the factories check their fields
+    build_group_filter(config)
     if config.model.param_dtype != "float32":
         raise ValueError(
             "config.model.param_dtype must be float32 (the master weights the optimizer updates: "

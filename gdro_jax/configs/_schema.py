@@ -167,6 +167,9 @@ def run_schema() -> dict[str, Any]:
             "enabled": Field(True, bool, "checkpoint into workdir/checkpoints and resume from it"),
             "every_steps": Field(10, int, "save every K steps (and at the last step)"),
             "keep": Field(2, int, "keep the newest N checkpoints"),
+            "snapshot_steps": Field(
+                (), tuple, "also save the policy after these steps (workdir/snapshots/step_<s>)"
+            ),
         },
         "optimizer": optimizer_block(learning_rate=1e-5),
         "grpo": from_dataclass(GRPOConfig),

@@ -8,7 +8,10 @@ and replicated leaves of a sharded train state.
 - `prompt_gdro`: the data adversary (exponential weights over bins, advantage multipliers).
 - `rollout_gdro`: the compute adversary (rollouts per prompt under a fixed total).
 - `multi_adversary`: threads all three through one plan/update pair.
-- `METHODS`: the training methods as `Method` records (GRPO, Prompt-GDRO, Rollout-GDRO, both),
+- The field's rivals at equal compute: `knapsack` (Knapsack-RL's rollouts per prompt), `mopps`
+  (MoPPS's Thompson-sampled prompts) and `dynamic_sampling` (DAPO's buffer of groups with a
+  signal).
+- `METHODS`: the training methods as `Method` records (GRPO, the adversaries, the rivals),
   each naming the part behind each decision of a step; the trainer, the simulator, the study and
   the command line read them.
 
@@ -33,6 +36,12 @@ from gdro_jax.controllers._compose import (
     multi_adversary,
     slots_from_counts,
 )
+from gdro_jax.controllers._dynamic_sampling import (
+    DynamicSampling,
+    DynamicSamplingInfo,
+    DynamicSamplingState,
+    dynamic_sampling,
+)
 from gdro_jax.controllers._knapsack import (
     Knapsack,
     KnapsackInfo,
@@ -48,6 +57,7 @@ from gdro_jax.controllers._methods import (
     get_method,
     method_adversaries,
 )
+from gdro_jax.controllers._mopps import MoPPS, MoPPSDraw, MoPPSState, mopps
 from gdro_jax.controllers._passk import (
     DEFAULT_EDGES,
     STATISTICS,
@@ -82,11 +92,17 @@ __all__ = [
     "AdversaryUpdate",
     "AllocationInfo",
     "ClassifierUpdate",
+    "DynamicSampling",
+    "DynamicSamplingInfo",
+    "DynamicSamplingState",
     "GDROState",
     "Knapsack",
     "KnapsackInfo",
     "KnapsackState",
     "Method",
+    "MoPPS",
+    "MoPPSDraw",
+    "MoPPSState",
     "MultiAdversary",
     "PassKClassifier",
     "PassKState",
@@ -100,11 +116,13 @@ __all__ = [
     "RolloutGDROUpdate",
     "arms_allocation",
     "continuous_allocation",
+    "dynamic_sampling",
     "get_method",
     "integer_allocation",
     "knapsack",
     "knapsack_value",
     "method_adversaries",
+    "mopps",
     "multi_adversary",
     "passk_classifier",
     "per_visit_statistic",

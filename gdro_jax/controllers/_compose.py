@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
+from gdro_jax.controllers._mopps import MoPPS, MoPPSState
 from gdro_jax.controllers._passk import PassKClassifier, PassKState
 from gdro_jax.controllers._prompt_gdro import PromptGDRO, PromptGDROState
 from gdro_jax.controllers._rollout_gdro import RolloutGDRO, RolloutGDROState
@@ -35,6 +36,8 @@ class GDROState(NamedTuple):
     # [N] int32 under `bins_from="previous_batch"`: the bins the classifier gave the previous
     # batch's prompts, by position (-1 before the first update); None otherwise.
     previous_bins: jax.Array | None = None
+    # The prompt sampler's state (MoPPS's posteriors); None when the batches come from the data.
+    sampler: MoPPSState | None = None
 
 
 class Plan(NamedTuple):
@@ -51,6 +54,9 @@ class Plan(NamedTuple):
     prompt_ids: jax.Array | None = None
     # [B] float32 under `resample`: the probability q(b) with which each bin was drawn.
     importance: jax.Array | None = None
+    # [N] float32 the method's own estimate of each prompt's success rate, beside the
+    # classifier's `p_hat` (Knapsack-RL's recent rate, MoPPS's Thompson sample); None: none.
+    estimate: jax.Array | None = None
 
 
 # Where `plan` takes each prompt's bin from: its own classification (ours), or the classification
@@ -102,6 +108,7 @@ def multi_adversary(
     prompt: PromptGDRO | None = None,
     rollout: RolloutGDRO | None = None,
     *,
+    sampler: MoPPS | None = None,
     n_mean: int = 4,
     bins_from: str = "prompt",
     num_prompts: int | None = None,
@@ -111,8 +118,11 @@ def multi_adversary(
     Args:
       classifier: from `passk_classifier`.
       prompt: from `prompt_gdro`, or `None` for unweighted advantages.
-      rollout: from `rollout_gdro`, or `None` for `n_mean` rollouts per prompt. When given, its
-        `n_mean` is used.
+      rollout: from `rollout_gdro` (or `knapsack`, which allocates by prompt), or `None` for
+        `n_mean` rollouts per prompt. When given, its `n_mean` is used.
+      sampler: from `mopps`, a prompt sampler that draws each batch itself (`Plan.prompt_ids`;
+        the ids given to `plan` count only for their number N) and learns from every group;
+        None: the batches are the ids given.
       n_mean: rollouts per prompt when `rollout` is `None`.
       bins_from: `"prompt"` (default): each prompt's bin is its own classification from history
         up to the previous step (SPEC 3). `"previous_batch"`: the authors' released code, where
@@ -157,6 +167,11 @@ def multi_adversary(
             'num_prompts must be >= 1 with bins_from="previous_batch", '
             f"got num_prompts={num_prompts!r}"
         )
+    if sampler is not None and (resample or lagged):
+        raise ValueError(
+            "a prompt sampler draws the batch itself: it does not combine with Prompt-GDRO's "
+            'realisation="resample" or with bins_from="previous_batch"'
+        )
     if lagged and resample:
         raise ValueError(
             'bins_from="previous_batch" does not combine with Prompt-GDRO\'s realisation='
@@ -169,6 +184,7 @@ def multi_adversary(
             prompt=None if prompt is None else prompt.init(),
             rollout=None if rollout is None else rollout.init(),
             previous_bins=jnp.full((num_prompts,), -1, jnp.int32) if lagged else None,
+            sampler=None if sampler is None else sampler.init(),
         )
 
     num_dataset = classifier.num_prompts
@@ -189,10 +205,14 @@ def multi_adversary(
     def plan(state: GDROState, prompt_ids: ArrayLike, key: jax.Array) -> Plan:
         prompt_ids = jnp.asarray(prompt_ids, jnp.int32)
         num_prompts = prompt_ids.shape[0]
-        importance = None
+        importance = estimate = None
         if resample:
             draw_key, key = jax.random.split(key)
             prompt_ids, importance = draw(state, num_prompts, draw_key)
+        if sampler is not None:
+            draw_key, key = jax.random.split(key)
+            drawn = sampler.draw(state.sampler, num_prompts, draw_key)
+            prompt_ids, estimate = drawn.prompt_ids, drawn.sampled_rate
         bins = classifier.bins(state.classifier, prompt_ids)
         if lagged:
             if state.previous_bins.shape[0] != num_prompts:
@@ -210,6 +230,7 @@ def multi_adversary(
                 state.rollout, bins, p_hat, key, prompt_ids=prompt_ids
             )
             mu = info.mu
+            estimate = getattr(info, "success_rate", estimate)  # an allocation by prompt's own
         if prompt is None or resample:
             weights = jnp.ones((num_prompts,), jnp.float32)
         else:
@@ -223,6 +244,7 @@ def multi_adversary(
             mu=mu,
             prompt_ids=prompt_ids,
             importance=importance,
+            estimate=estimate,
         )
 
     def update(
@@ -261,6 +283,17 @@ def multi_adversary(
         previous_bins = state.previous_bins
         if lagged:
             previous_bins = classifier.bins(classifier_state, prompt_ids)
-        return GDROState(classifier_state, prompt_state, rollout_state, previous_bins)
+        sampler_state = state.sampler
+        if sampler is not None:
+            sampler_state = sampler.update(
+                state.sampler,
+                prompt_ids=prompt_ids,
+                num_correct=num_correct,
+                num_rollouts=plan.num_rollouts,
+                valid=valid,
+            )
+        return GDROState(
+            classifier_state, prompt_state, rollout_state, previous_bins, sampler_state
+        )
 
     return MultiAdversary(init=init, plan=plan, update=update, n_mean=n_mean)

@@ -46,6 +46,8 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
+from gdro_jax.controllers._segments import prompt_visits
+
 
 class KnapsackState(NamedTuple):
     """Per-prompt success history of Knapsack-RL (fixed shapes: a `lax.scan` carry)."""
@@ -249,12 +251,9 @@ def knapsack(
     ) -> KnapsackState:
         """Records each prompt's visit: its correct rollouts out of its rollouts."""
         del bins, unused
-        prompt_ids = jnp.asarray(prompt_ids, jnp.int32)
-        correct = jnp.asarray(num_correct, jnp.float32)
-        rollouts = jnp.asarray(num_rollouts, jnp.float32)
-        keep = rollouts > 0
-        if valid is not None:
-            keep &= jnp.asarray(valid, bool)
+        prompt_ids, correct, rollouts, keep = prompt_visits(
+            prompt_ids, num_correct, num_rollouts, valid
+        )
         # A prompt twice in a batch: its visits are recorded one after the other, in batch order.
         same = prompt_ids[:, None] == prompt_ids[None, :]
         earlier = jnp.tril(jnp.ones(same.shape, bool), k=-1)

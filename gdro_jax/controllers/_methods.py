@@ -19,7 +19,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
+from gdro_jax.controllers._dynamic_sampling import dynamic_sampling
 from gdro_jax.controllers._knapsack import knapsack
+from gdro_jax.controllers._mopps import mopps
 from gdro_jax.controllers._prompt_gdro import prompt_gdro
 from gdro_jax.controllers._rollout_gdro import rollout_gdro
 
@@ -43,10 +45,10 @@ class Method(NamedTuple):
 
 # decision -> {part name: factory}. A part's name is its factory's and its config block's.
 PARTS: Mapping[str, Mapping[str, Callable]] = {
-    "prompt_sampler": {},
+    "prompt_sampler": {"mopps": mopps},
     "rollout_allocation": {"rollout_gdro": rollout_gdro, "knapsack": knapsack},
     "prompt_adversary": {"prompt_gdro": prompt_gdro},
-    "group_filter": {},
+    "group_filter": {"dynamic_sampling": dynamic_sampling},
 }
 
 
@@ -83,6 +85,16 @@ METHODS: Mapping[str, Method] = _registry(
         "knapsack",
         "Knapsack-RL: rollouts per prompt by a knapsack over each prompt's success rate",
         rollout_allocation="knapsack",
+    ),
+    Method(
+        "mopps",
+        "MoPPS: Thompson samples of each prompt's Beta posterior pick prompts near a target rate",
+        prompt_sampler="mopps",
+    ),
+    Method(
+        "dynamic_sampling",
+        "DAPO dynamic sampling: rounds of R rollouts; an update once N groups with a signal wait",
+        group_filter="dynamic_sampling",
     ),
 )
 

@@ -26,3 +26,16 @@ def segment_mean(
     weight_S = jax.ops.segment_sum(weight_N, segments_N, num_segments=num_segments)
     total_S = jax.ops.segment_sum(weight_N * values_N, segments_N, num_segments=num_segments)
     return total_S / jnp.where(weight_S > 0, weight_S, 1.0), weight_S
+
+
+def prompt_visits(prompt_ids, num_correct, num_rollouts, valid=None):
+    """A batch's per-prompt observations as arrays: `(ids int32[N], correct float32[N],
+    rollouts float32[N], kept bool[N])`, where a visit is kept when it has rollouts and is
+    `valid` (the per-prompt allocators' `update` input)."""
+    prompt_ids = jnp.asarray(prompt_ids, jnp.int32)
+    correct = jnp.asarray(num_correct, jnp.float32)
+    rollouts = jnp.asarray(num_rollouts, jnp.float32)
+    kept = rollouts > 0
+    if valid is not None:
+        kept &= jnp.asarray(valid, bool)
+    return prompt_ids, correct, rollouts, kept

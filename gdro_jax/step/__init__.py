@@ -5,7 +5,8 @@
              (`KVCacheEngine`, the built-in sampler, fused into one jit)
     reward   `device_reward_phase` (jittable rewards) or `host_reward_phase` (a grader, under
              `HostRewardCaller`'s time limit)
-    update   `make_update`: advantages, Prompt-GDRO multipliers, mini-batch steps, the three
+    update   `make_update`: advantages, Prompt-GDRO multipliers, mini-batch steps (or, under a
+             group filter, a round into its buffer and the steps when it is full), the
              controller transitions, the non-finite guard and the SPEC 10 metrics
 
 `TrainState` is the whole state of a run as one pytree. Nothing here reads a config: the config
@@ -36,7 +37,7 @@ from gdro_jax.step._rewards import (
     host_reward_phase,
 )
 from gdro_jax.step._state import TrainState, init_train_state, state_shardings
-from gdro_jax.step._update import GRPOConfig, make_update, minibatch_step
+from gdro_jax.step._update import GRPOConfig, make_update, minibatch_step, rollout_groups
 
 __all__ = [
     "DEFAULT_MAX_CONSECUTIVE_SKIPS",
@@ -57,6 +58,7 @@ __all__ = [
     "keep_if_finite",
     "make_update",
     "minibatch_step",
+    "rollout_groups",
     "rollout_phase",
     "sample_rollouts",
     "state_shardings",

@@ -1,8 +1,9 @@
 """The step's metrics, computed inside the jitted update: the curriculum made visible (SPEC 10).
 
 Per-bin arrays (names starting `bin/`: `q`, scores, prompts, rollouts, tokens, reward, the share
-of groups with all-equal rewards), the step's decisions per prompt (`prompt/rollouts`; the update
-adds `prompt/ids`, the prompts the batch held) and scalars (reward, accuracy, lengths, the shadow
+of groups with all-equal rewards), the step's decisions per prompt (`prompt/rollouts`, the
+classifier's `prompt/p_hat` and a method's own `prompt/estimate`; the update adds `prompt/ids`,
+the prompts the batch held, and `prompt/correct`) and scalars (reward, accuracy, lengths, the shadow
 price `mu`, the lead-lag gap, `q`'s entropy and mean bin, the weighted standard error against a
 uniform allocation, the fraction of groups with a non-zero advantage). `train`'s writers put them
 in `metrics.jsonl` and TensorBoard.
@@ -68,7 +69,7 @@ def step_metrics(
     uniform_rollouts_B = prompts_B * (plan.prompt_of_slot.shape[0] / num_prompts)
     q_log_q = jnp.where(q_B > 0, q_B * jnp.log(jnp.where(q_B > 0, q_B, 1.0)), 0.0)
     logp_tokens = jnp.where(mask_RM, rollouts.logprobs, 0.0)
-    return {
+    metrics = {
         "reward": jnp.mean(rollouts.rewards),
         "accuracy": jnp.mean(rollouts.correct.astype(jnp.float32)),
         "response_length": jnp.mean(tokens_R),
@@ -98,4 +99,8 @@ def step_metrics(
         "bin/reward": reward_mean_B,
         "bin/zero_advantage_fraction": zero_advantage_B,
         "prompt/rollouts": plan.num_rollouts,
+        "prompt/p_hat": plan.p_hat,
     }
+    if plan.estimate is not None:  # the method's own success-rate estimate, beside p_hat
+        metrics["prompt/estimate"] = plan.estimate
+    return metrics

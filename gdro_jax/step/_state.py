@@ -16,7 +16,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from gdro_jax.controllers import GDROState, MultiAdversary
+from gdro_jax.controllers import DynamicSampling, DynamicSamplingState, GDROState, MultiAdversary
 from gdro_jax.models import Decoder
 from gdro_jax.runtime import replicate
 
@@ -32,6 +32,8 @@ class TrainState(NamedTuple):
     ref_params: nnx.State | None  # frozen reference policy for the KL term; None when beta = 0
     skipped_steps: jax.Array  # [] int32 steps skipped for a non-finite loss or gradient
     consecutive_skips: jax.Array  # [] int32 skipped steps in a row, up to this one
+    # A group filter's buffer of kept groups (DAPO dynamic sampling), replicated; None: no filter.
+    buffer: DynamicSamplingState | None = None
 
 
 def init_train_state(
@@ -41,6 +43,8 @@ def init_train_state(
     *,
     seed: int,
     with_reference: bool = False,
+    group_filter: DynamicSampling | None = None,
+    example_groups=None,
 ) -> tuple[nnx.GraphDef, TrainState]:
     """Splits `model` into its static graph and a `TrainState` around its parameters.
 
@@ -51,6 +55,8 @@ def init_train_state(
       seed: seed of the run's PRNG key.
       with_reference: keep a frozen copy of the initial parameters as the KL reference. Off when
         the KL coefficient is 0, so no reference model is built or run (SPEC section 2).
+      group_filter: a group filter (`controllers.dynamic_sampling`) whose buffer the state
+        carries, shaped like `example_groups` (`step.rollout_groups`); None: no buffer.
 
     Returns:
       `(graphdef, state)`; `nnx.merge(graphdef, state.params)` rebuilds the model.
@@ -67,6 +73,7 @@ def init_train_state(
         ref_params=reference,
         skipped_steps=jnp.zeros((), jnp.int32),
         consecutive_skips=jnp.zeros((), jnp.int32),
+        buffer=None if group_filter is None else group_filter.init(example_groups),
     )
     if model.mesh is None:
         # Commit every leaf to the device, as the update's outputs are: a jitted function sees
@@ -79,6 +86,7 @@ def init_train_state(
             step=replicate(state.step, model.mesh),
             skipped_steps=replicate(state.skipped_steps, model.mesh),
             consecutive_skips=replicate(state.consecutive_skips, model.mesh),
+            buffer=None if state.buffer is None else replicate(state.buffer, model.mesh),
         )
     return graphdef, state
 

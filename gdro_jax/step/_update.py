@@ -25,7 +25,7 @@ import optax
 from flax import nnx
 
 from gdro_jax import losses, models
-from gdro_jax.controllers import MultiAdversary, Plan, PromptGDRO
+from gdro_jax.controllers import DynamicSampling, MultiAdversary, Plan, PromptGDRO
 from gdro_jax.sampling import completion_logprobs
 from gdro_jax.step._engines import Rollouts
 from gdro_jax.step._guard import keep_if_finite
@@ -220,6 +220,23 @@ def _in_slot_order(values_bSM: jax.Array, minibatch_idx: jax.Array, like_RM: jax
     return jnp.zeros_like(like_RM).at[flat_idx].set(values_bSM.reshape(like_RM.shape))
 
 
+def rollout_groups(
+    num_prompts: int, n_mean: int, prompt_width: int, max_new_tokens: int
+) -> Rollouts:
+    """The shapes of one round's rollouts as N groups of `n_mean` (`jax.ShapeDtypeStruct`
+    leaves `[N, n_mean, ...]`): what a group filter's buffer holds."""
+    group = (num_prompts, n_mean)
+    return Rollouts(
+        prompt_tokens=jax.ShapeDtypeStruct((*group, prompt_width), jnp.int32),
+        prompt_lengths=jax.ShapeDtypeStruct(group, jnp.int32),
+        tokens=jax.ShapeDtypeStruct((*group, max_new_tokens), jnp.int32),
+        lengths=jax.ShapeDtypeStruct(group, jnp.int32),
+        logprobs=jax.ShapeDtypeStruct((*group, max_new_tokens), jnp.float32),
+        rewards=jax.ShapeDtypeStruct(group, jnp.float32),
+        correct=jax.ShapeDtypeStruct(group, jnp.bool_),
+    )
+
+
 def make_update(
     graphdef: nnx.GraphDef,
     tx: optax.GradientTransformation,
@@ -229,6 +246,7 @@ def make_update(
     num_prompts: int,
     num_bins: int,
     prompt_adversary: PromptGDRO | None = None,
+    group_filter: DynamicSampling | None = None,
 ) -> Callable[[TrainState, Plan, jax.Array, Rollouts], tuple[TrainState, dict]]:
     """Builds the (unjitted) update `(state, plan, prompt_ids, rollouts) -> (state, metrics)`.
 
@@ -237,6 +255,11 @@ def make_update(
     micro-batches of `micro_batch_slots` slots if set) -> the adversaries' loss signal
     and the three controller transitions -> the finite-or-keep guard (`keep_if_finite`) -> the
     SPEC 10 metrics (`step_metrics`).
+
+    With a `group_filter` (DAPO's dynamic sampling) a step is one round: its groups with a
+    signal join `state.buffer`, and the optimizer steps run (a `lax.cond`) only when the buffer
+    is ready, on the buffer's N groups, which were all sampled under the current parameters
+    (nothing updates them while the buffer fills). The controllers learn from every round.
 
     Args:
       graphdef: the policy's static graph.
@@ -247,6 +270,8 @@ def make_update(
       num_bins: number of difficulty bins B (for per-bin metrics).
       prompt_adversary: the Prompt-GDRO adversary inside `gdro`, if any; used for the `q` and
         score metrics only.
+      group_filter: the group filter whose buffer `state.buffer` is (`n_mean` rollouts per
+        prompt, no prompt weights), or None.
 
     Returns:
       The update function. `build_run` jits it with the state donated.
@@ -262,21 +287,18 @@ def make_update(
         # At most that many slots per pass: a mini-batch that small is one pass, as unset.
         config = dataclasses.replace(config, micro_batch_slots=None)
     _check_micro_batches(config, slots_per_minibatch, num_slots)
-
-    def update(state: TrainState, plan: Plan, prompt_ids: jax.Array, rollouts: Rollouts):
-        key, perm_key = jax.random.split(state.key)
-        prompt_of_slot = plan.prompt_of_slot
-        max_new_tokens = rollouts.tokens.shape[1]
-        mask_RM = jnp.arange(max_new_tokens)[None, :] < rollouts.lengths[:, None]
-        adv_R = losses.group_advantages(
-            rollouts.rewards,
-            prompt_of_slot,
-            num_prompts,
-            normalize_std=config.normalize_std,
-            clip=config.advantage_clip,
-            estimator=config.advantage_estimator,
+    if group_filter is not None and group_filter.num_groups != num_prompts:
+        raise ValueError(
+            f"the group filter holds {group_filter.num_groups} groups; a step has "
+            f"num_prompts={num_prompts}"
         )
-        weighted_adv_R = losses.weighted_advantages(adv_R, prompt_of_slot, plan.advantage_weights)
+
+    def optimize(state: TrainState, rollouts: Rollouts, prompt_of_slot, weights_N, perm_key):
+        """The mini-batch optimizer steps on `rollouts`: `(params, opt_state, metrics of each
+        mini-batch, current log-probs [R, M] and reference log-probs [R, M] in slot order)`."""
+        mask_RM = _completion_mask(rollouts)
+        adv_R = _advantages(rollouts, prompt_of_slot, config, num_prompts)
+        weighted_adv_R = losses.weighted_advantages(adv_R, prompt_of_slot, weights_N)
         # Mini-batches are random subsets of slots: groups were normalised over all R slots above.
         order = jax.random.permutation(perm_key, num_slots)
         minibatch_idx = order.reshape(config.num_minibatches, slots_per_minibatch)
@@ -296,6 +318,59 @@ def make_update(
         # The current-policy log-probs of every slot, as seen by its mini-batch, in slot order.
         logp_RM = _in_slot_order(logp_bSM, minibatch_idx, rollouts.logprobs)
         ref_RM = _in_slot_order(ref_bSM, minibatch_idx, rollouts.logprobs)
+        return params, opt_state, mb_metrics, logp_RM, ref_RM
+
+    def filtered_optimize(state: TrainState, plan: Plan, rollouts: Rollouts, perm_key):
+        """A round of dynamic sampling: its signal groups into the buffer, the optimizer steps
+        on the buffer when it is ready (else the parameters stay)."""
+        groups = jax.tree.map(lambda x: x.reshape(num_prompts, gdro.n_mean, *x.shape[1:]), rollouts)
+        keep_N = group_filter.keep(groups.rewards)
+        buffer, info = group_filter.add(state.buffer, groups, keep=keep_N)
+
+        def take_and_step(buffer):
+            held, _, emptied = group_filter.take(buffer)
+            held = jax.tree.map(lambda x: x.reshape(num_slots, *x.shape[2:]), held)
+            ones_N = jnp.ones((num_prompts,), jnp.float32)
+            params, opt_state, mb_metrics, _, _ = optimize(
+                state, held, plan.prompt_of_slot, ones_N, perm_key
+            )
+            return params, opt_state, mb_metrics, emptied
+
+        def wait(buffer):
+            shapes = jax.eval_shape(take_and_step, buffer)[2]
+            zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+            return state.params, state.opt_state, zeros, buffer
+
+        params, opt_state, mb_metrics, buffer = jax.lax.cond(
+            info.ready, take_and_step, wait, buffer
+        )
+        metrics = {
+            "filter/updated": info.ready.astype(jnp.int32),
+            "filter/partial": info.partial.astype(jnp.int32),
+            "filter/rounds": info.rounds,
+            "filter/kept_fraction": jnp.mean(info.kept.astype(jnp.float32)),
+            "filter/signal_fraction": jnp.mean(info.signal.astype(jnp.float32)),
+            "filter/buffered": buffer.count,
+            "filter/updates": buffer.updates,
+            "prompt/kept": info.kept.astype(jnp.int32),
+        }
+        # The adversaries' signal of this round's groups, under the parameters that sampled them.
+        return params, opt_state, mb_metrics, rollouts.logprobs, rollouts.logprobs, buffer, metrics
+
+    def update(state: TrainState, plan: Plan, prompt_ids: jax.Array, rollouts: Rollouts):
+        key, perm_key = jax.random.split(state.key)
+        prompt_of_slot = plan.prompt_of_slot
+        mask_RM = _completion_mask(rollouts)
+        adv_R = _advantages(rollouts, prompt_of_slot, config, num_prompts)
+        buffer, filter_metrics = state.buffer, {}
+        if group_filter is None:
+            params, opt_state, mb_metrics, logp_RM, ref_RM = optimize(
+                state, rollouts, prompt_of_slot, plan.advantage_weights, perm_key
+            )
+        else:
+            params, opt_state, mb_metrics, logp_RM, ref_RM, buffer, filter_metrics = (
+                filtered_optimize(state, plan, rollouts, perm_key)
+            )
         signal_N = losses.prompt_loss_signal(
             config.loss_signal,
             prompt_of_slot_R=prompt_of_slot,
@@ -322,7 +397,9 @@ def make_update(
             & jnp.all(jnp.isfinite(mb_metrics["grad_norm"]))
             & jnp.all(jnp.isfinite(rollouts.rewards))
         )
-        candidate = state._replace(params=params, opt_state=opt_state, gdro=gdro_state)
+        candidate = state._replace(
+            params=params, opt_state=opt_state, gdro=gdro_state, buffer=buffer
+        )
         new_state = keep_if_finite(state, candidate, finite, key)
         metrics = {name: jnp.mean(value) for name, value in mb_metrics.items()}
         metrics.update(
@@ -342,7 +419,26 @@ def make_update(
                 prompt_adversary=prompt_adversary,
             )
         )
+        metrics.update(filter_metrics)
         metrics["prompt/ids"] = prompt_ids  # the batch's prompts, as the step drew them
+        metrics["prompt/correct"] = num_correct_N
         return new_state, metrics
 
     return update
+
+
+def _completion_mask(rollouts: Rollouts) -> jax.Array:
+    """[R, M] bool: the completion tokens of each slot."""
+    max_new_tokens = rollouts.tokens.shape[1]
+    return jnp.arange(max_new_tokens)[None, :] < rollouts.lengths[:, None]
+
+
+def _advantages(rollouts: Rollouts, prompt_of_slot, config: GRPOConfig, num_prompts: int):
+    return losses.group_advantages(
+        rollouts.rewards,
+        prompt_of_slot,
+        num_prompts,
+        normalize_std=config.normalize_std,
+        clip=config.advantage_clip,
+        estimator=config.advantage_estimator,
+    )

@@ -33,7 +33,7 @@ from gdro_jax import configs, controllers, models, tasks
 from gdro_jax import eval as evaluation
 from gdro_jax.eval import evaluate_with
 from gdro_jax.study._demo import BASELINE
-from gdro_jax.train import read_metrics, train
+from gdro_jax.train import read_metrics, snapshot_path, train
 from gdro_jax.warmstart import CONFIG_FILE, config_hash, pretrain
 
 SPLITS = ("validation", "test")
@@ -256,13 +256,34 @@ def run_one(config: ml_collections.ConfigDict, workdir: pathlib.Path, spec: RunS
     train_seconds = time.perf_counter() - start
     start = time.perf_counter()
     result = _evaluate(folder / models.MODEL_DIR, config, False)
+    rows = read_metrics(folder / "metrics.jsonl")
+    along = [
+        _point(config, run, rows, step, snapshot_path(folder, step))
+        for step in run.checkpoint.get("snapshot_steps", ())
+        if step < run.steps
+    ]
     record = {
         "stamp": _stamp(run, config.eval),
         "arm": spec.arm,
         "seed": spec.seed,
         "split": config.eval.split,
-        "sampled_tokens": float(sum(r["tokens"] for r in read_metrics(folder / "metrics.jsonl"))),
+        "sampled_tokens": float(sum(r["tokens"] for r in rows)),
         "seconds": {"train": train_seconds, "eval": time.perf_counter() - start},
         "evaluation": result.to_dict(),
     }
+    if along:  # the held-out figures along the run, then at its end
+        record["along"] = [*along, _point(config, run, rows, run.steps, None, result)]
     _eval_file(folder, config.eval.split).write_text(json.dumps(record))
+
+
+def _point(config, run, rows, step: int, model_dir, result=None) -> dict[str, Any]:
+    """One held-out evaluation along a run: after `step` steps, each of R sampled rollouts
+    (whatever the method keeps, so methods compare at equal sampled rollouts)."""
+    if result is None:
+        result = _evaluate(model_dir, config, False)
+    return {
+        "step": step,
+        "sampled_rollouts": step * run.num_prompts * run.n_mean,
+        "sampled_tokens": float(sum(r["tokens"] for r in rows if r["step"] <= step)),
+        "evaluation": result.to_dict(),
+    }

@@ -6,7 +6,8 @@
 - `run_step` and `train` (`_loop.py`): one timed step; the loop, which resumes from the newest
   usable checkpoint (`_resume.py`, `gdro_jax.checkpoint`), writes `metrics.jsonl` and
   TensorBoard (`_writers.py`), stops cleanly on SIGTERM/Ctrl-C (`_preemption.py`) and exports
-  the final policy.
+  the final policy (and, after each of `checkpoint.snapshot_steps`, a snapshot of it:
+  `snapshot_path`).
 
 The errors `train` raises are here too: `RewardError` and `NonFiniteStepsError` (from the
 step), `CheckpointError`, `TrainingInterrupted`.
@@ -14,12 +15,13 @@ step), `CheckpointError`, `TrainingInterrupted`.
 
 from gdro_jax.models import CheckpointError
 from gdro_jax.step import NonFiniteStepsError, RewardError
-from gdro_jax.train._loop import describe_outputs, run_step, train
+from gdro_jax.train._loop import SNAPSHOT_DIR, describe_outputs, run_step, snapshot_path, train
 from gdro_jax.train._preemption import TrainingInterrupted
 from gdro_jax.train._run import Run, build_run, check_model_fits, load_policy
 from gdro_jax.train._writers import MetricsWriter, RowsOnly, read_metrics, rewind_metrics
 
 __all__ = [
+    "SNAPSHOT_DIR",
     "CheckpointError",
     "MetricsWriter",
     "NonFiniteStepsError",
@@ -34,5 +36,6 @@ __all__ = [
     "read_metrics",
     "rewind_metrics",
     "run_step",
+    "snapshot_path",
     "train",
 ]

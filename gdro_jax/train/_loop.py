@@ -125,14 +125,7 @@ def train(
             completed = int(state.step)
             finished = None if history else _finished_summary(workdir, completed)
             if finished is None:
-                # Gathered on every process (a collective), written by process 0.
-                params = to_host(state.params) if jax.process_count() > 1 else state.params
-                if is_primary():
-                    models.save_pretrained(
-                        nnx.merge(run.graphdef, params),
-                        os.path.join(workdir, models.MODEL_DIR),
-                        tokenizer=run.task.tokenizer,
-                    )
+                _save_policy(run, state, os.path.join(workdir, models.MODEL_DIR))
         finally:
             run.close()
     finally:
@@ -180,6 +173,7 @@ def describe_outputs(result: dict[str, Any], workdir: str | os.PathLike) -> str:
         ("tb", "TensorBoard events (tensorboard --logdir ...)"),
         ("checkpoints", "checkpoints (rerun the same command to resume)"),
         (models.MODEL_DIR, "the final policy, an HF folder with its tokenizer"),
+        (SNAPSHOT_DIR, "the policy after each of checkpoint.snapshot_steps, step_<s>/"),
         ("summary.json", "this summary"),
     ):
         path = os.path.join(os.fspath(workdir), name)
@@ -228,6 +222,8 @@ def _train_loop(run: Run, workdir, *, manager=None, resumed: checkpoint.Checkpoi
                 last = step_index + 1 == settings.steps
                 # Several processes stop together: a signal to any one stops them all here.
                 signum = agreed_signal(stop.signum)
+                if step_index + 1 in settings.checkpoint.snapshot_steps:
+                    _save_policy(run, state, snapshot_path(workdir, step_index + 1))
                 path = None
                 if manager is not None and ((step_index + 1) % every_steps == 0 or last or signum):
                     path = _save(manager, run, state, writer.size())
@@ -238,6 +234,25 @@ def _train_loop(run: Run, workdir, *, manager=None, resumed: checkpoint.Checkpoi
         if writer is not None:
             writer.close()
     return state, history, step_times
+
+
+SNAPSHOT_DIR = "snapshots"
+
+
+def snapshot_path(workdir: str | os.PathLike, step: int) -> str:
+    """Where `train` saves the policy after `step` when it is one of
+    `config.checkpoint.snapshot_steps`: an HF folder with its tokenizer."""
+    return os.path.join(os.fspath(workdir), SNAPSHOT_DIR, f"step_{step}")
+
+
+def _save_policy(run: Run, state: step.TrainState, folder: str) -> None:
+    """The policy as an HF folder with its tokenizer: gathered on every process (a
+    collective), written by process 0."""
+    params = to_host(state.params) if jax.process_count() > 1 else state.params
+    if is_primary():
+        models.save_pretrained(
+            nnx.merge(run.graphdef, params), folder, tokenizer=run.task.tokenizer
+        )
 
 
 def _save(manager, run: Run, state: step.TrainState, metrics_bytes: int) -> str:

@@ -164,9 +164,21 @@ def _assemble(settings, task, reward_fn, host_reward_fn, closers, rollout_engine
         task.prompt_tokens.shape[1], settings.max_new_tokens, model.config.max_position_embeddings
     )
     gdro, prompt_adversary = configs.build_controllers(settings.config, num_dataset_prompts)
+    group_filter = configs.build_group_filter(settings.config)
     tx = configs.make_optimizer(settings.optimizer)
     graphdef, state = step.init_train_state(
-        model, tx, gdro, seed=settings.seed, with_reference=settings.grpo.kl_coef > 0
+        model,
+        tx,
+        gdro,
+        seed=settings.seed,
+        with_reference=settings.grpo.kl_coef > 0,
+        group_filter=group_filter,
+        example_groups=step.rollout_groups(
+            settings.num_prompts,
+            settings.n_mean,
+            task.prompt_tokens.shape[1],
+            settings.max_new_tokens,
+        ),
     )
     reward, reward_name = _reward_phase(settings, task, mesh, reward_fn, host_reward_fn, closers)
     update_fn = step.make_update(
@@ -177,6 +189,7 @@ def _assemble(settings, task, reward_fn, host_reward_fn, closers, rollout_engine
         num_prompts=settings.num_prompts,
         num_bins=settings.num_bins,
         prompt_adversary=prompt_adversary,
+        group_filter=group_filter,
     )
     replicated = None if mesh is None else NamedSharding(mesh, P())
     update = jax.jit(

@@ -255,3 +255,35 @@ def test_previous_batch_bins_need_the_batch_size_and_refuse_resample(parts):
     )
     with pytest.raises(ValueError, match=f"plan got {BATCH + 1} prompt ids.*num_prompts={BATCH}"):
         multi.plan(multi.init(), jnp.arange(BATCH + 1), jax.random.key(0))
+
+
+# --- a prompt sampler (MoPPS) ------------------------------------------------------------------
+
+
+def test_a_prompt_sampler_draws_the_batch_and_learns_from_every_group(parts):
+    classifier, prompt, _ = parts
+    sampler = controllers.mopps(NUM_PROMPTS, candidates=2)
+    multi = controllers.multi_adversary(classifier, sampler=sampler, n_mean=N_MEAN)
+    state = multi.init()
+    given = jnp.arange(BATCH)
+    for step in range(3):
+        key = jax.random.key(step)
+        plan = multi.plan(state, given, key)
+        draw = sampler.draw(state.sampler, BATCH, jax.random.split(key)[0])
+        np.testing.assert_array_equal(plan.prompt_ids, draw.prompt_ids)
+        np.testing.assert_allclose(plan.estimate, draw.sampled_rate)
+        np.testing.assert_array_equal(plan.bins, classifier.bins(state.classifier, draw.prompt_ids))
+        num_correct = plan.prompt_ids % 5
+        new = multi.update(
+            state, plan, plan.prompt_ids, num_correct=num_correct, losses=num_correct
+        )
+        expected = sampler.update(
+            state.sampler, prompt_ids=plan.prompt_ids, num_correct=num_correct,
+            num_rollouts=jnp.full(BATCH, N_MEAN),
+        )  # fmt: skip
+        np.testing.assert_allclose(new.sampler.alpha, expected.alpha)
+        np.testing.assert_allclose(new.sampler.beta, expected.beta)
+        state = new
+    with pytest.raises(ValueError, match="draws the batch itself"):
+        resampling = controllers.prompt_gdro(classifier.num_bins, realisation="resample")
+        controllers.multi_adversary(classifier, resampling, sampler=sampler)

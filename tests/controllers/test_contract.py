@@ -74,6 +74,29 @@ def _knapsack_step(allocator, state, key):
     return new_state, (n, info.mu, info.success_rate)
 
 
+def _mopps_step(sampler, state, key):
+    k_batch, k_draw = jax.random.split(key)
+    _, num_rollouts, num_correct, _ = _batch(k_batch)
+    # A batch of 4 from 8 candidates: Beta draws run op by op eagerly, slowly.
+    draw = sampler.draw(state, 4, k_draw)
+    new_state = sampler.update(
+        state,
+        prompt_ids=draw.prompt_ids,
+        num_correct=num_correct[:4],
+        num_rollouts=num_rollouts[:4],
+    )
+    return new_state, (draw.prompt_ids, draw.sampled_rate)
+
+
+def _dynamic_sampling_step(filter_, state, key):
+    rewards = jnp.where(jax.random.uniform(key, (BATCH, 4)) < 0.2, 1.0, -1.0)
+    groups = {"rewards": rewards, "ids": jnp.arange(BATCH)}
+    state, info = filter_.add(state, groups, keep=filter_.keep(rewards))
+    taken, filled, emptied = filter_.take(state)
+    state = jax.tree.map(lambda a, b: jnp.where(info.ready, a, b), emptied, state)
+    return state, (info.kept, info.ready, filled, taken["ids"])
+
+
 def _multi_step(multi, state, key):
     k_batch, k_plan = jax.random.split(key)
     ids, _, _, losses = _batch(k_batch)
@@ -105,6 +128,13 @@ def _make(name):
     if name == "knapsack":
         a = controllers.knapsack(NUM_PROMPTS, n_mean=4, n_min=2, n_max=8, min_history=2)
         return a.init, functools.partial(_knapsack_step, a)
+    if name == "mopps":
+        a = controllers.mopps(NUM_PROMPTS, candidates=2)
+        return a.init, functools.partial(_mopps_step, a)
+    if name == "dynamic_sampling":
+        a = controllers.dynamic_sampling(BATCH, max_rounds=4)
+        example = {"rewards": jnp.zeros((BATCH, 4)), "ids": jnp.zeros((BATCH,), jnp.int32)}
+        return functools.partial(a.init, example), functools.partial(_dynamic_sampling_step, a)
     if name == "multi_adversary":
         m = controllers.multi_adversary(
             controllers.passk_classifier(NUM_PROMPTS),
@@ -123,6 +153,8 @@ NAMES = [
     "rollout_sqrt",
     "rollout_arms",
     "knapsack",
+    "mopps",
+    "dynamic_sampling",
     "multi_adversary",
 ]
 

@@ -1,5 +1,6 @@
 """The tiny study of `test_compare.py`: `experiments/configs/study.py` with 2 arms x 2 seeds x 3
-steps, a 1-layer warm start of 20 steps and 2 samples per test problem (loaded in process and by
+steps (evaluated after steps 1, 2 and 3), a 1-layer warm start of 20 steps and 2 samples per
+test problem (loaded in process and by
 `--config=tests/study/_study_config.py` in the rerun-alone subprocess)."""
 
 import ml_collections
@@ -34,5 +35,6 @@ def get_config() -> ml_collections.ConfigDict:
     config.progress = False
     shrink(config)
     config.train.checkpoint.every_steps = 2
+    config.train.checkpoint.snapshot_steps = (1, 2)  # evaluated along the run, then at step 3
     config.primary.update(metric="pass@2", num_resamples=200)
     return config

@@ -77,6 +77,17 @@ def test_every_run_is_trained_and_evaluated_seed_major(finished):
         assert len(record["evaluation"]["correct"]) == 6 * 3  # 6 levels x 3 test problems
         tokens = sum(row["tokens"] for row in _rows(folder))
         assert record["sampled_tokens"] == tokens > 0
+        # Along the run: after steps 1 and 2 (the snapshots) and 3 (the final policy), at equal
+        # sampled rollouts (R = 4 prompts x 4 a step) and the tokens sampled up to each point.
+        along = record["along"]
+        assert [p["step"] for p in along] == [1, 2, 3]
+        assert [p["sampled_rollouts"] for p in along] == [16, 32, 48]
+        rows = _rows(folder)
+        for point in along:
+            assert point["sampled_tokens"] == sum(r["tokens"] for r in rows[: point["step"]])
+            assert len(point["evaluation"]["correct"]) == 6 * 3
+        assert along[-1]["evaluation"] == record["evaluation"]
+        assert sorted(os.listdir(folder / "snapshots")) == ["step_1", "step_2"]
 
 
 def test_the_results_are_written_and_the_markdown_block_replaced(finished):

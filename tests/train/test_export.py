@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from gdro_jax import checkpoint, tasks, train
+from gdro_jax import checkpoint, models, tasks, train
 from gdro_jax import eval as evaluation
 from tests.train.configs import small_run_config
 
@@ -56,9 +56,20 @@ def test_the_newest_checkpoint_gives_the_final_policy_and_reads_only(tmp_path):
 def test_a_relative_workdir_checkpoints_and_resumes(tmp_path, monkeypatch):
     # `make demo` passes runs/demo: orbax wants absolute paths, the trainer must not care.
     monkeypatch.chdir(tmp_path)
-    config = small_run_config(steps=1, **{"checkpoint.every_steps": 1})
+    # Snapshots after steps 1 and 2 (evaluation along the run): the policy of that step, kept
+    # when the run is extended.
+    config = small_run_config(
+        steps=1, **{"checkpoint.every_steps": 1, "checkpoint.snapshot_steps": (1, 2)}
+    )
     first = train.train(config, "runs/relative")
     assert (tmp_path / "runs/relative/checkpoints/1").is_dir()
     config.steps = 2
     second = train.train(config, "runs/relative")
     assert second["completed_steps"] == 2 and first["completed_steps"] == 1
+    for step, result in ((1, first), (2, second)):
+        snapshot = models.from_pretrained(train.snapshot_path("runs/relative", step))
+        trained = nnx.merge(result["run"].graphdef, result["state"].params)
+        saved, want = nnx.state(snapshot, nnx.Param), nnx.state(trained, nnx.Param)
+        for a, b in zip(jax.tree.leaves(saved), jax.tree.leaves(want), strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert sorted(os.listdir("runs/relative/snapshots")) == ["step_1", "step_2"]

@@ -192,3 +192,67 @@ def test_knapsack_allocates_by_prompt_without_recompiling():
     assert np.all(rollouts[0] == config.n_mean)  # no history yet: n_mean each
     assert any(r.min() < config.n_mean < r.max() for r in rollouts[2:]), rollouts
     assert all(len(row["prompt/ids"]) == config.num_prompts for row in rows)
+
+
+def test_mopps_draws_its_batches_from_its_posteriors_without_recompiling():
+    """MoPPS in the trainer (parity reward, a pool of 16): each batch is 8 distinct prompts of
+    the pool drawn by the sampler (not the data order), and the posteriors after 4 steps equal a
+    loop over the logged groups."""
+    config = _config("mopps", **{"task.pool_size": 16, "mopps.candidates": 2})
+    run = train.build_run(config, reward_fn=parity_reward)
+    state, rows, data_order = run.state, [], []
+    for _ in range(4):
+        data_order.append(next(run.prompt_batches))
+        state, metrics, _ = train.run_step(run, state, data_order[-1])
+        rows.append(jax.tree.map(np.asarray, metrics))
+    for phase in (run.plan, run.rollout, run.reward, run.update):
+        assert phase._cache_size() == 1
+    alpha, beta = np.ones(16), np.ones(16)
+    for row in rows:
+        ids = row["prompt/ids"]
+        assert len(set(ids.tolist())) == 8 and ids.min() >= 0 and ids.max() < 16
+        assert np.all((row["prompt/estimate"] >= 0) & (row["prompt/estimate"] <= 1))
+        assert np.all(row["prompt/rollouts"] == 4)
+        for prompt, correct in zip(ids, row["prompt/correct"], strict=True):
+            alpha[prompt] = 0.5 * alpha[prompt] + 0.5 + correct
+            beta[prompt] = 0.5 * beta[prompt] + 0.5 + (4 - correct)
+    assert any(
+        set(r["prompt/ids"].tolist()) != set(g.tolist())
+        for r, g in zip(rows, data_order, strict=True)
+    )
+    np.testing.assert_allclose(state.gdro.sampler.alpha, alpha, rtol=1e-6)
+    np.testing.assert_allclose(state.gdro.sampler.beta, beta, rtol=1e-6)
+
+
+def test_dynamic_sampling_updates_only_on_a_full_buffer_of_groups_with_a_signal():
+    """DAPO's rounds in the trainer (parity reward): the parameters move exactly on the rounds
+    whose buffer filled, the optimizer counts those updates, and every kept group is mixed."""
+    config = _config("dynamic_sampling", **{"task.pool_size": 16, "dynamic_sampling.max_rounds": 3})
+    run = train.build_run(config, reward_fn=parity_reward)
+    state, rows, moved = run.state, [], []
+    for _ in range(6):
+        before = jax.tree.map(np.asarray, state.params)
+        state, metrics, _ = train.run_step(run, state, next(run.prompt_batches))
+        rows.append(jax.tree.map(np.asarray, metrics))
+        moved.append(
+            any(np.any(a != np.asarray(b)) for a, b in zip(
+                jax.tree.leaves(before), jax.tree.leaves(state.params), strict=True))
+        )  # fmt: skip
+    for phase in (run.plan, run.rollout, run.reward, run.update):
+        assert phase._cache_size() == 1
+    updated = [bool(row["filter/updated"]) for row in rows]
+    assert moved == updated and any(updated), (moved, updated)
+    held = 0
+    for row in rows:
+        kept, correct = row["prompt/kept"].astype(bool), row["prompt/correct"]
+        assert np.all((correct[kept] > 0) & (correct[kept] < 4)), "a kept group without a signal"
+        mixed = (correct > 0) & (correct < 4)
+        # Mixed groups are kept in order while the buffer has room (8 groups).
+        assert kept.tolist() == (mixed & (np.cumsum(mixed) <= 8 - held)).tolist()
+        np.testing.assert_allclose(row["filter/kept_fraction"], kept.mean())
+        held = 0 if row["filter/updated"] else held + kept.sum()
+        assert int(row["filter/buffered"]) == held
+    assert int(state.buffer.updates) == sum(updated)
+    # Adam's step count: num_minibatches optimizer steps per update, none on the other rounds.
+    counts = {int(leaf) for leaf in jax.tree.leaves(state.opt_state) if leaf.ndim == 0}
+    assert counts == {sum(updated) * config.grpo.num_minibatches}
