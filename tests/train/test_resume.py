@@ -2,8 +2,9 @@
 
 Every run is a subprocess of `experiments/train.py` (through `tests/train/_resume_child.py`, which
 adds a reward a random policy earns and the kill hooks) on the tiny config in
-`_resume_config.py`: 8 steps, a checkpoint every step, the last two kept. For `grpo` and
-`gdro_both` (whose state holds every controller's: classifier, Prompt-GDRO and Rollout-GDRO) an
+`_resume_config.py`: 8 steps, a checkpoint every step, the last two kept. For
+`dynamic_sampling` (whose state holds the buffer of groups waiting for an update) and `gdro_both`
+(whose state holds every controller's: classifier, Prompt-GDRO and Rollout-GDRO) an
 uninterrupted run is compared with a run SIGKILLed right after step 4's checkpoint and resumed:
 the metrics rows (all but `time/*`) and every leaf of the final state must be bit-identical.
 Copies of the killed `gdro_both` run are resumed and interrupted once more, differently:
@@ -84,7 +85,9 @@ def _snapshot(folder):
     return files
 
 
-RESUMED = ("grpo", "gdro_both")
+# Dynamic sampling's state adds the buffer of groups waiting for an update; gdro_both's every
+# controller's. (GRPO's state is a part of both.)
+RESUMED = ("dynamic_sampling", "gdro_both")
 
 
 @pytest.fixture(scope="module")
@@ -116,14 +119,14 @@ def runs(tmp_path_factory):
             for name in names:
                 path = os.path.join(root, name)
                 os.truncate(path, os.path.getsize(path) // 2)
-    refused = base / "grpo_refused"
-    shutil.copytree(killed["grpo"], refused)
+    refused = base / "dynamic_sampling_refused"
+    shutil.copytree(killed["dynamic_sampling"], refused)
     out["refused_before"] = _snapshot(refused)
     out["copies"], out["refused"] = copies, refused
 
     # Phase 3: resumes (two of them interrupted again), the damaged copy, a changed config.
     results = _phase(
-        _job(killed["grpo"], "grpo", **cache),
+        _job(killed["dynamic_sampling"], "dynamic_sampling", **cache),
         _job(killed["gdro_both"], "gdro_both", **cache),
         _job(copies["corrupt"], "gdro_both", **cache),
         _job(copies["in_save"], "gdro_both", GDRO_TEST_KILL_IN_SAVE=6, **cache),
@@ -134,9 +137,9 @@ def runs(tmp_path_factory):
             GDRO_TEST_SIGTERM_IN_STEP=6,
             **cache,
         ),
-        _job(refused, "grpo", "--config.optimizer.learning_rate=0.5", **cache),
+        _job(refused, "dynamic_sampling", "--config.optimizer.learning_rate=0.5", **cache),
     )
-    names = ["grpo", "gdro_both", "corrupt", "in_save", "sigterm", "refused"]
+    names = ["dynamic_sampling", "gdro_both", "corrupt", "in_save", "sigterm", "refused"]
     out["phase3"] = dict(zip(names, results, strict=True))
     out["in_save_after_kill"] = sorted(os.listdir(copies["in_save"] / "checkpoints"))
     out["sigterm_after_term"] = sorted(os.listdir(copies["sigterm"] / "checkpoints"))
@@ -198,6 +201,9 @@ def test_the_uninterrupted_runs_learn_something(runs):
         assert len(rows) == 8
         assert any(row["grad_norm"] > 0 for row in rows), "the parity reward moves the policy"
         assert len({row["reward"] for row in rows}) > 1
+    # The kill after step 4 leaves groups waiting in the buffer (restored with the state).
+    rows = _rows(runs["full"]["dynamic_sampling"])
+    assert rows[3]["filter/buffered"] > 0 and sum(row["filter/updated"] for row in rows) >= 2
 
 
 def test_the_killed_runs_died_by_sigkill_after_step_4(runs):
