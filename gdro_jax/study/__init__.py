@@ -37,11 +37,13 @@ from gdro_jax.study._demo import (
     warm_start_frontier,
 )
 from gdro_jax.study._report import (
+    ALONG_FIGURE,
     FIGURES,
     draw_figures,
     format_tables,
     load_logs,
     plot_allocation,
+    plot_along,
     plot_heldout,
     plot_lead_lag,
     plot_prompt_adversary,
@@ -58,6 +60,7 @@ from gdro_jax.study._stats import (
 )
 
 __all__ = [
+    "ALONG_FIGURE",
     "FIGURES",
     "RESULTS_BEGIN",
     "RESULTS_END",
@@ -78,6 +81,7 @@ __all__ = [
     "parse_overrides",
     "pending",
     "plot_allocation",
+    "plot_along",
     "plot_heldout",
     "plot_lead_lag",
     "plot_prompt_adversary",

@@ -32,12 +32,16 @@ class Evaluated(NamedTuple):
 
 def _load(path: pathlib.Path) -> Evaluated:
     stored = json.loads(path.read_text())
+    return _evaluated(stored, float(stored.get("sampled_tokens", 0.0)))
+
+
+def _evaluated(stored: dict[str, Any], sampled_tokens: float) -> Evaluated:
     result = stored["evaluation"]
     return Evaluated(
         num_samples=int(result["num_samples"]),
         correct=np.asarray(result["correct"], np.int64),
         levels=np.asarray(result["problem_levels"], np.int32),
-        sampled_tokens=float(stored.get("sampled_tokens", 0.0)),
+        sampled_tokens=sampled_tokens,
     )
 
 
@@ -181,7 +185,8 @@ def collect(
         for arm in arms
     }
     base_tokens = means[config.baseline]["sampled_tokens"]
-    return {
+    along = _along(workdir, config, arms, seeds, frontier)
+    summary = {
         "split": split,
         "arms": arms,
         "seeds": seeds,
@@ -203,6 +208,48 @@ def collect(
             "frontier": int(np.isin(warm.levels, frontier).sum()),
         },
     }
+    if along is not None:
+        summary["along"] = along
+    return summary
+
+
+def _along(workdir, config, arms, seeds, frontier) -> dict[str, Any] | None:
+    """The held-out figures along the runs (`checkpoint.snapshot_steps`), when every run has
+    them at the same sampled rollouts: per arm, the seeds' mean frontier and pooled pass@1 at
+    each point, and the rollouts it first took to reach the baseline's final frontier pass@1
+    (None: never)."""
+    records = {
+        arm: [json.loads(_eval_file(workdir / arm / f"seed_{s}", config.eval.split).read_text())
+              for s in seeds]
+        for arm in arms
+    }  # fmt: skip
+    if not all("along" in r for runs in records.values() for r in runs):
+        return None
+    points = {
+        tuple(p["sampled_rollouts"] for p in r["along"]) for rs in records.values() for r in rs
+    }
+    if len(points) != 1:
+        return None
+    (rollouts,) = points
+    curves: dict[str, Any] = {}
+    for arm, runs in records.items():
+        figures = [
+            [_figures_of(_evaluated(point, 0.0), ("pass@1",), frontier) for point in r["along"]]
+            for r in runs
+        ]
+        curves[arm] = {
+            name: [
+                float(np.mean([seed[i][name] for seed in figures])) for i in range(len(rollouts))
+            ]
+            for name in ("frontier pass@1", "pooled pass@1")
+        }
+    target = curves[config.baseline]["frontier pass@1"][-1]
+    for curve in curves.values():
+        reached = [
+            r for r, v in zip(rollouts, curve["frontier pass@1"], strict=True) if v >= target
+        ]
+        curve["rollouts_to_baseline_final"] = reached[0] if reached else None
+    return {"sampled_rollouts": list(rollouts), "arms": curves}
 
 
 # --- Writing the results ----------------------------------------------------------------------

@@ -32,6 +32,7 @@ FIGURES = (
     "tokens.png",
     "heldout.png",
 )
+ALONG_FIGURE = "along.png"  # drawn when the runs were evaluated along the way
 
 
 def load_logs(workdir: str | pathlib.Path, arms: list[str], seeds: list[int]) -> dict[str, dict]:
@@ -251,6 +252,23 @@ def plot_heldout(summary: dict) -> Figure:
     return fig
 
 
+def plot_along(summary: dict) -> Figure:
+    """Frontier and pooled held-out pass@1 against the rollouts sampled so far, per arm (mean
+    over seeds), with the baseline's final frontier figure as a line."""
+    along = summary["along"]
+    rollouts = along["sampled_rollouts"]
+    fig = Figure(figsize=(10, 3.6), layout="constrained")
+    axes = fig.subplots(1, 2)
+    for ax, name in zip(axes, ("frontier pass@1", "pooled pass@1"), strict=True):
+        for arm, curve in along["arms"].items():
+            ax.plot(rollouts, curve[name], marker="o", label=arm)
+        ax.set(xlabel="sampled rollouts", ylabel=f"held-out {name}", title=name)
+    target = along["arms"][summary["baseline"]]["frontier pass@1"][-1]
+    axes[0].axhline(target, color="grey", lw=0.5, ls="--")
+    axes[0].legend(fontsize=7)
+    return fig
+
+
 def draw_figures(summary: dict, workdir: str | pathlib.Path, out: str | pathlib.Path) -> list:
     """Draws every figure of the module docstring into `out` (PNG); returns their paths."""
     out = pathlib.Path(out)
@@ -266,7 +284,11 @@ def draw_figures(summary: dict, workdir: str | pathlib.Path, out: str | pathlib.
         plot_heldout(summary),
     ]
     paths = []
-    for name, fig in zip(FIGURES, figures, strict=True):
+    names = list(FIGURES)
+    if "along" in summary:
+        figures.append(plot_along(summary))
+        names.append(ALONG_FIGURE)
+    for name, fig in zip(names, figures, strict=True):
         fig.savefig(out / name, dpi=120)
         paths.append(out / name)
     return paths
@@ -331,6 +353,20 @@ def format_tables(summary: dict) -> str:
     for name in names:
         cells = [f"{summary['mean'][arm][name]:.3f}" for arm in summary["arms"]]
         lines.append(f"| {name} | {summary['warm_start'][name]:.3f} | " + " | ".join(cells) + " |")
+    if "along" in summary:
+        along = summary["along"]
+        lines += [
+            "",
+            "Along the runs, mean over seeds (frontier pass@1 at equal sampled rollouts):",
+        ]
+        lines += ["", "| arm | " + " | ".join(str(r) for r in along["sampled_rollouts"])]
+        lines[-1] += " | rollouts to the baseline's final |"
+        lines.append("|---|" + "---|" * (len(along["sampled_rollouts"]) + 1))
+        for arm, curve in along["arms"].items():
+            cells = [f"{v:.3f}" for v in curve["frontier pass@1"]]
+            reached = curve["rollouts_to_baseline_final"]
+            cells.append("not reached" if reached is None else str(reached))
+            lines.append(f"| {arm} | " + " | ".join(cells) + " |")
     lines += ["", f"Secondary gains over `{base}` (paired bootstrap {level} % intervals):", ""]
     for arm, gains in summary["secondary"].items():
         for name, g in gains.items():

@@ -93,8 +93,9 @@ def test_every_run_is_trained_and_evaluated_seed_major(finished):
 def test_the_results_are_written_and_the_markdown_block_replaced(finished):
     results, summary = finished["results"], finished["summary"]
     assert json.loads((results / "study.json").read_text()) == json.loads(json.dumps(summary))
-    for name in study.FIGURES:
+    for name in (*study.FIGURES, study.ALONG_FIGURE):  # the tiny runs are evaluated along
         assert (results / name).stat().st_size > 0, name
+    assert "Along the runs" in (results / "tables.md").read_text()
     tables = (results / "tables.md").read_text()
     text = finished["results_md"].read_text()
     assert text.startswith("# Results\n\nProse above.\n\n")
@@ -230,6 +231,44 @@ def test_collect_on_fabricated_evaluations_equals_the_hand_computation(tmp_path)
     method = np.mean([CORRECT[("gdro_both", s)] for s in (0, 1)]) / 4
     base = np.mean([CORRECT[("grpo", s)] for s in (0, 1)]) / 4
     assert pooled["gain"] == pytest.approx(method / base - 1)
+
+
+def test_the_figures_along_the_runs_and_the_rollouts_to_the_baselines_final(tmp_path):
+    """Evaluations after 16, 32 and 48 sampled rollouts: each arm's mean frontier pass@1 over
+    seeds (levels 2 and 3: the last four problems, 4 samples each), by hand."""
+    config = _fabricated_study(tmp_path)
+    along = {  # correct samples of the 6 problems at each point; the last is the final one
+        ("grpo", 0): [[4, 4, 0, 0, 1, 0], [4, 4, 1, 0, 2, 0], CORRECT[("grpo", 0)]],
+        ("grpo", 1): [[4, 3, 0, 0, 0, 0], [4, 3, 1, 1, 0, 0], CORRECT[("grpo", 1)]],
+        ("gdro_both", 0): [[4, 4, 2, 1, 1, 1], [4, 4, 4, 1, 1, 1], CORRECT[("gdro_both", 0)]],
+        ("gdro_both", 1): [[4, 2, 1, 0, 0, 0], [4, 2, 2, 2, 0, 1], CORRECT[("gdro_both", 1)]],
+    }
+    for (arm, seed), points in along.items():
+        path = tmp_path / arm / f"seed_{seed}" / "eval_test.json"
+        record = json.loads(path.read_text())
+        record["along"] = [
+            {"step": 1 + i, "sampled_rollouts": 16 * (1 + i), "sampled_tokens": 0.0,
+             "evaluation": {**record["evaluation"], "correct": correct}}
+            for i, correct in enumerate(points)
+        ]  # fmt: skip
+        path.write_text(json.dumps(record))
+    summary = study.collect(config, tmp_path, check_stamps=False)
+    curves = summary["along"]["arms"]
+    assert summary["along"]["sampled_rollouts"] == [16, 32, 48]
+
+    def frontier_mean(arm, i):
+        return np.mean([np.sum(along[(arm, s)][i][2:]) / 16 for s in (0, 1)])
+
+    for arm in ("grpo", "gdro_both"):
+        want = [frontier_mean(arm, i) for i in range(3)]
+        assert curves[arm]["frontier pass@1"] == pytest.approx(want)
+    # GRPO's final frontier pass@1 is (3 + 4) / 32; gdro_both has 6 / 32 after 16 rollouts.
+    assert frontier_mean("grpo", 2) == pytest.approx(7 / 32)
+    assert curves["gdro_both"]["rollouts_to_baseline_final"] == 32
+    assert curves["grpo"]["rollouts_to_baseline_final"] == 48
+    assert curves["grpo"]["pooled pass@1"][-1] == pytest.approx(
+        summary["mean"]["grpo"]["pooled pass@1"]
+    )
 
 
 def test_levels_count_equally_whatever_their_problem_counts(tmp_path):
