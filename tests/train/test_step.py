@@ -224,11 +224,21 @@ def test_mopps_draws_its_batches_from_its_posteriors_without_recompiling():
     np.testing.assert_allclose(state.gdro.sampler.beta, beta, rtol=1e-6)
 
 
+def _even_prompts_parity_reward(prompt_ids, tokens, lengths, prompt_of_slot):
+    """The parity reward on even prompt ids; odd ones always fail (their groups carry no
+    signal, so buffers fill slowly and some are taken partial)."""
+    rewards, correct = parity_reward(prompt_ids, tokens, lengths, prompt_of_slot)
+    even = prompt_ids[prompt_of_slot] % 2 == 0
+    return jnp.where(even, rewards, -1.0), correct & even
+
+
 def test_dynamic_sampling_updates_only_on_a_full_buffer_of_groups_with_a_signal():
-    """DAPO's rounds in the trainer (parity reward): the parameters move exactly on the rounds
-    whose buffer filled, the optimizer counts those updates, and every kept group is mixed."""
-    config = _config("dynamic_sampling", **{"task.pool_size": 16, "dynamic_sampling.max_rounds": 3})
-    run = train.build_run(config, reward_fn=parity_reward)
+    """DAPO's rounds in the trainer (the parity reward on half the prompts): the parameters
+    move exactly on the rounds whose buffer filled or hit the round cap (a partial buffer, its
+    empty groups without tokens, still a finite step), the optimizer counts those updates, and
+    every kept group is mixed."""
+    config = _config("dynamic_sampling", **{"task.pool_size": 16, "dynamic_sampling.max_rounds": 2})
+    run = train.build_run(config, reward_fn=_even_prompts_parity_reward)
     state, rows, moved = run.state, [], []
     for _ in range(6):
         before = jax.tree.map(np.asarray, state.params)
@@ -242,6 +252,7 @@ def test_dynamic_sampling_updates_only_on_a_full_buffer_of_groups_with_a_signal(
         assert phase._cache_size() == 1
     updated = [bool(row["filter/updated"]) for row in rows]
     assert moved == updated and any(updated), (moved, updated)
+    assert any(row["filter/partial"] for row in rows) and not any(row["skipped"] for row in rows)
     held = 0
     for row in rows:
         kept, correct = row["prompt/kept"].astype(bool), row["prompt/correct"]
