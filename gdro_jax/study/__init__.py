@@ -6,6 +6,8 @@
   from one warm start (`run_specs`, `run_config`, `run_one`), collected into the pre-declared
   primary metric and secondary tables (`collect`, `write_results`, `format_tables`) and figures
   (`draw_figures`; one `plot_*` function each, returning the figure, for notebooks).
+- What a run's method decided, read back from its metrics (`decision_summary`: the rivals'
+  rollouts per prompt, drawn prompts and kept groups).
 - The statistics of a comparison over seeds (`paired_relative_gain`: a method's gain over GRPO,
   paired by seed and problem, with a paired bootstrap interval; `detectable_gain`).
 """
@@ -30,6 +32,7 @@ from gdro_jax.study._compare import (
     run_specs,
     seeds_of,
 )
+from gdro_jax.study._decisions import decision_summary
 from gdro_jax.study._demo import (
     format_comparison,
     frontier_pass_at,
@@ -70,6 +73,7 @@ __all__ = [
     "arms_of",
     "bootstrap_gains",
     "collect",
+    "decision_summary",
     "detectable_gain",
     "draw_figures",
     "format_comparison",
