@@ -6,6 +6,8 @@
   from one warm start (`run_specs`, `run_config`, `run_one`), collected into the pre-declared
   primary metric and secondary tables (`collect`, `write_results`, `format_tables`) and figures
   (`draw_figures`; one `plot_*` function each, returning the figure, for notebooks).
+- The adversaries' premise on a task profile (`premise_criteria`: graded bins, groups with signal,
+  graded warm-start levels, the hardest level, the heavy tail; `format_criteria`, `plot_premise`).
 - What a run's method decided, read back from its metrics (`decision_summary`: the rivals'
   rollouts per prompt, drawn prompts and kept groups).
 - The statistics of a comparison over seeds (`paired_relative_gain`: a method's gain over GRPO,
@@ -39,6 +41,17 @@ from gdro_jax.study._demo import (
     run_demo,
     warm_start_frontier,
 )
+from gdro_jax.study._premise import (
+    Criterion,
+    all_equal_share,
+    bin_shares,
+    format_criteria,
+    level_pass_at_1,
+    plot_premise,
+    pool_level_shares,
+    premise_criteria,
+    problem_success,
+)
 from gdro_jax.study._report import (
     ALONG_FIGURE,
     FIGURES,
@@ -67,18 +80,23 @@ __all__ = [
     "FIGURES",
     "RESULTS_BEGIN",
     "RESULTS_END",
+    "Criterion",
     "PairedGain",
     "RunSpec",
+    "all_equal_share",
     "apply_overrides",
     "arms_of",
+    "bin_shares",
     "bootstrap_gains",
     "collect",
     "decision_summary",
     "detectable_gain",
     "draw_figures",
     "format_comparison",
+    "format_criteria",
     "format_tables",
     "frontier_pass_at",
+    "level_pass_at_1",
     "level_weights",
     "load_logs",
     "paired_relative_gain",
@@ -88,11 +106,15 @@ __all__ = [
     "plot_along",
     "plot_heldout",
     "plot_lead_lag",
+    "plot_premise",
     "plot_prompt_adversary",
     "plot_standard_error",
     "plot_tokens",
     "plot_zero_advantage",
+    "pool_level_shares",
+    "premise_criteria",
     "prepare_warm_start",
+    "problem_success",
     "run_config",
     "run_demo",
     "run_figures",
