@@ -51,3 +51,29 @@ def data_dir():
         tried = ", ".join(str(path) for path in data.data_dir_candidates())
         pytest.skip(f"no data directory: set {data.DATA_DIR_ENV} or provide one of {tried}")
     return found
+
+
+# The files that take a minute or more, longest first, before all the others: pytest-xdist hands
+# whole files (`--dist loadfile`) to its two workers in collection order, so a long file collected
+# last would leave one worker idle while the other finishes it.
+LONG_FILES_FIRST = (
+    "tests/test_docs.py",
+    "tests/train/test_resume.py",
+    "tests/train/test_multiprocess.py",
+    "tests/train/test_step.py",
+    "tests/study/test_compare.py",
+    "tests/train/test_math_task.py",
+    "tests/test_experiments_evaluate.py",
+    "tests/warmstart/test_pretrain.py",
+    "tests/test_notebooks.py",
+    "tests/train/test_learning.py",
+    "tests/checkpoint/test_restore_policy.py",
+    "tests/train/test_update_reference.py",
+    "tests/train/test_bad_input.py",
+    "tests/controllers/test_contract.py",
+)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {path: index for index, path in enumerate(LONG_FILES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable

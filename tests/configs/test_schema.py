@@ -10,10 +10,13 @@ import pytest
 
 from experiments.configs import (
     demo,
+    graded,
     paper_qwen3_1p7b,
     paper_qwen3_4b,
     paper_qwen3_8b,
+    pretrain_graded,
     pretrain_tiny,
+    rivals_pilot,
     study,
     tiny_cpu,
 )
@@ -26,11 +29,15 @@ RUN_CONFIGS = {
     "paper_qwen3_8b": paper_qwen3_8b.get_config,
     "study.train": lambda: study.get_config().train,
     "demo.train": lambda: demo.get_config().train,
+    "graded": graded.get_config,
+    "rivals_pilot:cliff.train": lambda: rivals_pilot.get_config("cliff").train,
+    "rivals_pilot:graded.train": lambda: rivals_pilot.get_config("graded").train,
 }
 PRETRAIN_CONFIGS = {
     "pretrain_tiny": pretrain_tiny.get_config,
     "study.pretrain": lambda: study.get_config().pretrain,
     "demo.pretrain": lambda: demo.get_config().pretrain,
+    "pretrain_graded": pretrain_graded.get_config,
 }
 
 
