@@ -15,9 +15,13 @@ $(RUNTIME): pyproject.toml
 	$(PY) -m pip install -q -e .
 	@touch $(RUNTIME)
 
-$(TESTING): $(RUNTIME)
+# One install of the package with its test extra (the runtime dependencies included), so a fresh
+# clone's `make test` resolves and builds once.
+$(TESTING): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
-	@touch $(TESTING)
+	@touch $(RUNTIME) $(TESTING)
 
 # The miniature study: warm start (reused when present), RL per method, held-out table, plots.
 demo: $(RUNTIME)

@@ -280,6 +280,11 @@ def _point(config, run, rows, step: int, model_dir, result=None) -> dict[str, An
     """One held-out evaluation along a run: after `step` steps, each of R sampled rollouts
     (whatever the method keeps, so methods compare at equal sampled rollouts)."""
     if result is None:
+        if not pathlib.Path(model_dir).is_dir():
+            raise FileNotFoundError(
+                f"{model_dir}: no policy snapshot after step {step} (the run was trained before "
+                "checkpoint.snapshot_steps held it); delete the run's folder to train it again"
+            )
         result = _evaluate(model_dir, config, False)
     return {
         "step": step,
