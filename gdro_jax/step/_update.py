@@ -293,11 +293,11 @@ def make_update(
             f"num_prompts={num_prompts}"
         )
 
-    def optimize(state: TrainState, rollouts: Rollouts, prompt_of_slot, weights_N, perm_key):
-        """The mini-batch optimizer steps on `rollouts`: `(params, opt_state, metrics of each
-        mini-batch, current log-probs [R, M] and reference log-probs [R, M] in slot order)`."""
-        mask_RM = _completion_mask(rollouts)
-        adv_R = _advantages(rollouts, prompt_of_slot, config, num_prompts)
+    def optimize(state: TrainState, rollouts: Rollouts, mask_RM, adv_R, prompt_of_slot, weights_N,
+                 perm_key):  # fmt: skip
+        """The mini-batch optimizer steps on `rollouts` (their completion mask and advantages
+        given): `(params, opt_state, metrics of each mini-batch, current log-probs [R, M] and
+        reference log-probs [R, M] in slot order)`."""
         weighted_adv_R = losses.weighted_advantages(adv_R, prompt_of_slot, weights_N)
         # Mini-batches are random subsets of slots: groups were normalised over all R slots above.
         order = jax.random.permutation(perm_key, num_slots)
@@ -331,9 +331,11 @@ def make_update(
             held, _, emptied = group_filter.take(buffer)
             held = jax.tree.map(lambda x: x.reshape(num_slots, *x.shape[2:]), held)
             ones_N = jnp.ones((num_prompts,), jnp.float32)
+            held_adv_R = _advantages(held, plan.prompt_of_slot, config, num_prompts)
             params, opt_state, mb_metrics, _, _ = optimize(
-                state, held, plan.prompt_of_slot, ones_N, perm_key
-            )
+                state, held, _completion_mask(held), held_adv_R, plan.prompt_of_slot, ones_N,
+                perm_key,
+            )  # fmt: skip
             return params, opt_state, mb_metrics, emptied
 
         def wait(buffer):
@@ -365,7 +367,7 @@ def make_update(
         buffer, filter_metrics = state.buffer, {}
         if group_filter is None:
             params, opt_state, mb_metrics, logp_RM, ref_RM = optimize(
-                state, rollouts, prompt_of_slot, plan.advantage_weights, perm_key
+                state, rollouts, mask_RM, adv_R, prompt_of_slot, plan.advantage_weights, perm_key
             )
         else:
             params, opt_state, mb_metrics, logp_RM, ref_RM, buffer, filter_metrics = (
