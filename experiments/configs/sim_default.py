@@ -2,10 +2,12 @@
 
 Eight levels with shares proportional to 1.5^-level, a pool of 2048 prompts visited ~9 times
 each over 300 steps of 64 prompts x 4 rollouts, 32 seeds per method. The warm start puts the
-frontier where SPEC 11 asks: level 1 pass@1 ~0.95, level 8 ~0.03 with pass@8 ~0.13.
+frontier where SPEC 11 asks: level 1 pass@1 ~0.95, level 8 ~0.03 with pass@8 ~0.13. `make sim`
+runs the four GDRO methods; the rivals' blocks are here for `--config.methods=...,knapsack`.
 """
 
 import ml_collections
+from ml_collections import config_dict
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -47,4 +49,23 @@ def get_config() -> ml_collections.ConfigDict:
     config.rollout_gdro = ml_collections.ConfigDict(
         dict(n_min=2, n_max=12, proxy="bernoulli", ema=0.12, mode="sqrt")
     )
+    # The rivals (`--config.methods=grpo,knapsack,mopps,dynamic_sampling`), at the trainer's
+    # defaults; the simulator sets num_prompts (the pool's D), n_mean and num_groups (N).
+    config.knapsack = ml_collections.ConfigDict(
+        dict(
+            n_min=2,
+            n_max=12,
+            negative_n=config_dict.placeholder(int),  # None: n_min
+            positive_n=config_dict.placeholder(int),  # None: n_min
+            history=16,
+            min_history=8,
+            window=8,
+            confidence=0.9,
+            fallback=True,
+        )
+    )
+    config.mopps = ml_collections.ConfigDict(
+        dict(candidates=8, target=0.5, decay=0.5, prior_alpha=1.0, prior_beta=1.0)
+    )
+    config.dynamic_sampling = ml_collections.ConfigDict(dict(max_rounds=10))
     return config

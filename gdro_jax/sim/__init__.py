@@ -1,15 +1,19 @@
-"""A controller-dynamics simulator for the GDRO controllers, written entirely in JAX.
+"""A controller-dynamics simulator for the GDRO controllers and their rivals, entirely in JAX.
 
 The learner is a chain of shared skills (a level-l prompt succeeds when each of its l steps does,
 step j with probability sigmoid(theta_j + c_x)), trained by GRPO on a heavy-tailed finite prompt
-pool with Bernoulli rollouts and its exact group-advantage policy gradient. Four methods share one
-compiled `lax.scan` (seeds `vmap`-ed): plain GRPO, Prompt-GDRO (advantage reweighting),
-Rollout-GDRO (rollout allocation under the fixed total R = N * n_mean) and both.
+pool with Bernoulli rollouts and its exact group-advantage policy gradient. Every method of
+`controllers.METHODS` runs in one compiled `lax.scan` (seeds `vmap`-ed) holding its parts: plain
+GRPO, Prompt-GDRO (advantage reweighting), Rollout-GDRO (rollout allocation under the fixed total
+R = N * n_mean), both, and the rivals at equal compute: Knapsack-RL (rollouts per prompt), MoPPS
+(Thompson-sampled batches) and DAPO's dynamic sampling (rounds of R rollouts, an update once a
+buffer of groups with a signal is ready). The rivals' parts are compiled in only when a method
+needs them (`make_simulator(config, parts=...)`, `method_parts`).
 
 Typical use:
 
     config = sim.SimConfig(steps=300)
-    outputs = sim.simulate(config, num_seeds=16)            # {method: SimOutput}
+    outputs = sim.simulate(config, num_seeds=16)            # {method: SimOutput}, GDRO_METHODS
     summary = sim.summarize(outputs, config.pool_shares)
     print(sim.format_table(summary, num_seeds=16))
 """
@@ -36,6 +40,17 @@ from gdro_jax.sim._learner import (
     success_log_prob_grad,
     success_prob,
 )
+from gdro_jax.sim._parts import (
+    ALL_PARTS,
+    GDRO_METHODS,
+    GDRO_PARTS,
+    METHODS,
+    SIMULATED_METHODS,
+    SIMULATED_PARTS,
+    MethodFlags,
+    method_flags,
+    method_parts,
+)
 from gdro_jax.sim._plots import (
     plot_controller_signals,
     plot_final_by_level,
@@ -53,15 +68,12 @@ from gdro_jax.sim._report import (
 )
 from gdro_jax.sim._simulate import (
     FAST_COMPILE_OPTIONS,
-    METHODS,
-    SIMULATED_METHODS,
-    MethodFlags,
+    BufferedGroups,
     SimOutput,
     SimState,
     Simulator,
     StepRecord,
     make_simulator,
-    method_flags,
     seed_keys,
     simulate,
 )
@@ -75,10 +87,15 @@ __all__ = [
     "fit_skill_logits",
     "expected_pass_at_1",
     "calibrate_learning_rate",
+    "ALL_PARTS",
     "EXPERIMENT_KEYS",
     "FAST_COMPILE_OPTIONS",
+    "GDRO_METHODS",
+    "GDRO_PARTS",
     "METHODS",
     "SIMULATED_METHODS",
+    "SIMULATED_PARTS",
+    "BufferedGroups",
     "ExperimentResult",
     "Interval",
     "MethodFlags",
@@ -98,6 +115,7 @@ __all__ = [
     "level_shares",
     "make_simulator",
     "method_flags",
+    "method_parts",
     "paired_gain",
     "per_level_mean",
     "plot_controller_signals",

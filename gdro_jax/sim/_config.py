@@ -22,6 +22,9 @@ _RESERVED = {
     "classifier": ("num_prompts",),
     "prompt_gdro": ("num_bins",),
     "rollout_gdro": ("num_bins", "n_mean", "reward_values"),
+    "knapsack": ("num_prompts", "n_mean"),
+    "mopps": ("num_prompts",),
+    "dynamic_sampling": ("num_groups",),
 }
 
 
@@ -62,6 +65,16 @@ class SimConfig:
       prompt_gdro: keyword arguments of `prompt_gdro` (not `num_bins`).
       rollout_gdro: keyword arguments of `rollout_gdro` (not `num_bins`, `n_mean`,
         `reward_values`: those come from the fields above).
+      knapsack: keyword arguments of `knapsack` (not `num_prompts`, the pool's D, nor
+        `n_mean`); applied by a simulator built with the `knapsack` part.
+      mopps: keyword arguments of `mopps` (not `num_prompts`, the pool's D); applied by a
+        simulator built with the `mopps` part.
+      dynamic_sampling: keyword arguments of `dynamic_sampling` (not `num_groups`, which is
+        `num_prompts`); applied by a simulator built with the `dynamic_sampling` part.
+
+    Every controller block left empty takes its factory's defaults, which are also the trainer's
+    (its config schema reads them off the same factories). A rival's block is checked by
+    `make_simulator` when its part is compiled in, as the trainer builds its method's parts only.
     """
 
     steps: int = 300
@@ -86,6 +99,9 @@ class SimConfig:
     classifier: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     prompt_gdro: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     rollout_gdro: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    knapsack: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    mopps: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    dynamic_sampling: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         if self.advantage_estimator not in ("sample", "population"):

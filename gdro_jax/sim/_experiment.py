@@ -4,14 +4,19 @@
 writes into `workdir`:
 
   arrays.npz           every `SimOutput` field as `<method>/<field>` (seed axis first; trace
-                       fields are [S, T, ...]), plus `pool_shares` and `pool_counts`;
+                       fields `<method>/trace/<field>` are [S, T, ...], the training pool
+                       `<method>/pool/level_P` and `offset_P` [S, D]), plus `pool_shares` and
+                       `pool_counts`;
   config.json          the config that produced them;
   summary.txt          the printed table;
   q_heatmap.png        Prompt-GDRO's q over step x bin, per method;
   rollouts_per_bin.png rollouts per bin over steps (stacked, sum R), per method;
   pass_rate_per_level.png   exact held-out pass@1 per level over steps, per method;
   final_pass_at_<k>.png final pass@k per level and pooled, methods side by side;
-  controller_signals.png    mu, lead-lag gap, informative groups and reward over steps.
+  controller_signals.png    mu, lead-lag gap, informative groups, reward, the batch's mean
+                       success probability and the optimizer steps taken, over steps.
+
+Any subset of `controllers.METHODS` runs; the simulator compiles the parts they need.
 """
 
 import json
@@ -25,6 +30,7 @@ import numpy as np
 
 from gdro_jax.controllers import METHODS
 from gdro_jax.sim._config import SimConfig
+from gdro_jax.sim._parts import method_flags
 from gdro_jax.sim._plots import (
     plot_controller_signals,
     plot_final_by_level,
@@ -33,7 +39,7 @@ from gdro_jax.sim._plots import (
     plot_rollouts_per_bin,
 )
 from gdro_jax.sim._report import Interval, format_table, paired_gain, summarize
-from gdro_jax.sim._simulate import SimOutput, method_flags, simulate
+from gdro_jax.sim._simulate import SimOutput, simulate
 
 # Keys of the experiment config that are not `SimConfig` fields.
 EXPERIMENT_KEYS = ("seeds", "seed", "methods", "progress", "fast_compile")
@@ -52,10 +58,10 @@ def _flatten(outputs: Mapping[str, SimOutput]) -> dict[str, np.ndarray]:
     arrays = {}
     for method, output in outputs.items():
         for field, value in output._asdict().items():
-            if field == "trace":
-                for trace_field, trace_value in value._asdict().items():
-                    arrays[f"{method}/trace/{trace_field}"] = np.asarray(trace_value)
-            else:
+            if hasattr(value, "_asdict"):  # the trace, the pool
+                for inner_field, inner_value in value._asdict().items():
+                    arrays[f"{method}/{field}/{inner_field}"] = np.asarray(inner_value)
+            elif value is not None:
                 arrays[f"{method}/{field}"] = np.asarray(value)
     return arrays
 
@@ -111,6 +117,15 @@ def run_experiment(config: Mapping[str, Any], workdir: str) -> ExperimentResult:
         f"(R={sim_config.num_slots} rollouts/step for every method), pool {sim_config.pool_size} "
         f"({sim_config.visits_per_prompt:.1f} visits/prompt), {seconds:.1f} s\n"
     )
+    # Dynamic sampling's steps are rounds of R rollouts: it takes an optimizer step on some only.
+    updates = {m: float(np.mean(np.sum(o.trace.updated, axis=-1))) for m, o in outputs.items()}
+    fewer = {m: u for m, u in updates.items() if u < sim_config.steps}
+    if fewer:
+        header += (
+            f"optimizer steps of the {sim_config.steps} steps (rounds), mean over seeds: "
+            + ", ".join(f"{m} {u:.1f}" for m, u in fewer.items())
+            + "\n"
+        )
     table = header + format_table(
         summary, num_seeds=num_seeds, gains=gains, gains_metric=f"pass@{sim_config.eval_k}"
     )

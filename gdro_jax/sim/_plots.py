@@ -145,22 +145,35 @@ def plot_final_by_level(
 
 
 def plot_controller_signals(outputs: Mapping[str, SimOutput], smooth: int = 5) -> Figure:
-    """Four panels over steps, methods overlaid: mu, lead-lag gap, informative groups, reward."""
+    """Six panels over steps, methods overlaid: mu, lead-lag gap, informative groups, reward, the
+    batch's mean true success probability (what MoPPS steers) and the optimizer steps taken so
+    far (fewer than the steps under dynamic sampling, whose steps are rounds)."""
     fields = (
         ("mu", "Rollout-GDRO shadow price mu", "mu"),
         ("lead_lag_gap", "lead-lag gap sum_b b (q - share)", "gap (bins)"),
         ("informative_fraction", "groups with non-zero advantage", "fraction of groups"),
         ("mean_reward", "mean reward", "reward"),
+        ("success_prob", "batch's mean true success probability", "p"),
+        ("updated", "optimizer steps taken", "steps so far"),
     )
-    fig, axes = _panels(len(fields))
+    fig, axes = plt.subplots(2, 3, figsize=(12.6, 6.4), squeeze=False, constrained_layout=True)
+    axes = axes.ravel()
     for ax, (field, title, ylabel) in zip(axes, fields, strict=True):
         for method, output in outputs.items():
-            values_T = np.asarray(getattr(output.trace, field), np.float64).mean(axis=0)
-            ax.plot(_smooth(values_T, smooth), label=method)
+            values = np.asarray(getattr(output.trace, field), np.float64)
+            values_T = values.reshape(*values.shape[:2], -1).mean(axis=(0, 2))  # seeds, prompts
+            if field == "updated":
+                ax.plot(np.cumsum(values_T), label=method)
+            else:
+                ax.plot(_smooth(values_T, smooth), label=method)
         ax.set_title(title)
         ax.set_xlabel("step")
-        ax.set_ylabel(f"{ylabel} (mean over seeds, smoothed over {smooth})")
+        ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
+    fig.suptitle(
+        f"Means over seeds, smoothed over {smooth} steps (the optimizer steps: cumulative)",
+        fontsize="medium",
+    )
     # One legend for every panel: the methods are the same lines in each.
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncols=len(labels), fontsize="small")

@@ -179,12 +179,13 @@ def format_table(
         lines.append(
             f"relative gain in pooled | natural {gains_metric} over {baseline}, paired by seed"
         )
+        width = max(14, *(len(method) + 1 for method in gains))
         for method, gain in gains.items():
             cells = [
                 f"{100 * gain.mean[c]:+.1f}% [{100 * gain.lower[c]:+.1f}, "
                 f"{100 * gain.upper[c]:+.1f}]"
                 for c in range(2)
             ]
-            lines.append(f"  {method:14s}" + " | ".join(cells))
+            lines.append(f"  {method:{width}s}" + " | ".join(cells))
         lines.append("")
     return "\n".join(lines)

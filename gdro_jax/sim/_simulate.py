@@ -1,15 +1,25 @@
-"""The simulation loop: GRPO on the skill-chain learner with the GDRO controllers, in one jit.
+"""The simulation loop: GRPO on the skill-chain learner with the controllers, in one jit.
 
 One run is a `lax.scan` over steps of a pure step function; seeds are `vmap`-ed; the method is a
-pair of traced booleans (`MethodFlags`), so one compilation serves every method of a config and
-nothing recompiles when the controllers change their decisions (SPEC 6).
+tuple of traced booleans (`MethodFlags`), so one compilation serves every method of a config and
+nothing recompiles when the controllers change their decisions (SPEC 6). Which parts are compiled
+in is static (`make_simulator(config, parts=...)`, see `_parts`): the GDRO parts always, the
+rivals (Knapsack-RL, MoPPS, dynamic sampling) only when asked for, so the GDRO methods' program
+carries none of them, and their numbers do not depend on which rivals are compiled beside them.
 
-A step (SPEC 7): draw N prompts (epoch-shuffled, so every prompt is revisited); classify them
-from history up to t-1; Rollout-GDRO allocates `n_i` with `sum n_i = R = N * n_mean`; Prompt-GDRO
-gives advantage multipliers `w_i`; `R` Bernoulli rollouts; the exact GRPO gradient; an optimizer
-step on the skill logits; then the classifier, Prompt-GDRO and Rollout-GDRO state transitions.
+A step (SPEC 7): draw N prompts (epoch-shuffled, so every prompt is revisited; under MoPPS its
+Thompson draw over the pool instead); classify them from history up to t-1; Rollout-GDRO (or
+Knapsack-RL, from each prompt's own history) allocates `n_i` with `sum n_i = R = N * n_mean`;
+Prompt-GDRO gives advantage multipliers `w_i`; `R` Bernoulli rollouts; the exact GRPO gradient;
+an optimizer step on the skill logits; then the state transitions of every compiled controller.
 
-Every method runs all three controllers; a method only decides which decisions are *applied*.
+Under dynamic sampling a step is a round of the same R rollouts (equal compute): its groups whose
+rewards are not all equal join the buffer of `controllers.dynamic_sampling`, and the optimizer
+step is taken only on a round where the buffer is ready (full, or `max_rounds` reached), along
+the exact GRPO gradient of the buffered groups; other rounds leave theta and the optimizer state
+unchanged (`StepRecord.updated`).
+
+Every method runs all compiled controllers; a method only decides which decisions are *applied*.
 Plain GRPO still logs the distribution `q` Prompt-GDRO would play and the shadow price `mu` of the
 allocation Rollout-GDRO would make, observed on GRPO's own data. Seeds give common random numbers
 across methods: the same pools, batches and uniforms, so method differences are paired.
@@ -25,11 +35,15 @@ import optax
 from tqdm import tqdm
 
 from gdro_jax.controllers import (
-    METHODS,
+    DynamicSamplingState,
+    KnapsackState,
+    MoPPSState,
     PassKState,
     PromptGDROState,
     RolloutGDROState,
-    get_method,
+    dynamic_sampling,
+    knapsack,
+    mopps,
     passk_classifier,
     prompt_gdro,
     rollout_gdro,
@@ -45,55 +59,36 @@ from gdro_jax.sim._learner import (
     sample_prompt_set,
     success_prob,
 )
+from gdro_jax.sim._parts import (
+    GDRO_METHODS,
+    GDRO_PARTS,
+    MethodFlags,
+    check_flags,
+    compiled_parts,
+    method_flags,
+    method_parts,
+)
 
 
-class MethodFlags(NamedTuple):
-    """Which controller decisions a method applies (traced, so methods share one compilation)."""
+class BufferedGroups(NamedTuple):
+    """The groups dynamic sampling buffers: each holds `n_mean` rollouts of one prompt."""
 
-    reweight: jax.Array  # [] bool apply Prompt-GDRO's advantage multipliers
-    allocate: jax.Array  # [] bool apply Rollout-GDRO's rollout counts
-
-
-# The parts of `controllers.METHODS` the simulator models, by decision.
-SIMULATED_PARTS = {"prompt_adversary": ("prompt_gdro",), "rollout_allocation": ("rollout_gdro",)}
-
-
-def _simulated(method) -> bool:
-    return all(p in SIMULATED_PARTS.get(d, ()) for d, p in method.parts().items())
-
-
-# The methods of `controllers.METHODS` whose every part the simulator models.
-SIMULATED_METHODS = tuple(name for name, method in METHODS.items() if _simulated(method))
-
-
-def method_flags(method: str) -> MethodFlags:
-    """The `MethodFlags` of one of `controllers.METHODS` ("grpo", "prompt_gdro", ...), read off
-    its record.
-
-    Raises:
-      ValueError: an unknown method, or one with a part the simulator does not model.
-    """
-    record = get_method(method)
-    for decision, part in record.parts().items():
-        if part not in SIMULATED_PARTS.get(decision, ()):
-            raise ValueError(
-                f"the simulator does not model {decision}={part!r} (method {method!r}); it "
-                f"models {SIMULATED_PARTS}"
-            )
-    return MethodFlags(
-        reweight=jnp.asarray(record.prompt_adversary is not None),
-        allocate=jnp.asarray(record.rollout_allocation is not None),
-    )
+    success: jax.Array  # [N, n_mean] bool the group's rollouts
+    level: jax.Array  # [N] int32 its prompt's level (0 in an empty slot of the buffer)
+    offset: jax.Array  # [N] float32 its prompt's offset
 
 
 class SimState(NamedTuple):
-    """The scan carry of one run."""
+    """The scan carry of one run (a part that is not compiled in holds None)."""
 
     theta: jax.Array  # [L] float32 skill logits
     opt_state: optax.OptState  # the optimizer's state for theta
     classifier: PassKState  # over the D training prompts
     prompt: PromptGDROState  # updated by every method, applied only when flags.reweight
     rollout: RolloutGDROState  # updated by every method, applied only when flags.allocate
+    knapsack: KnapsackState | None = None  # every method's visits; applied: allocate_knapsack
+    sampler: MoPPSState | None = None  # every method's groups; applied when flags.sample_mopps
+    buffer: DynamicSamplingState | None = None  # of BufferedGroups; read when flags.filter_groups
 
 
 class StepRecord(NamedTuple):
@@ -112,6 +107,12 @@ class StepRecord(NamedTuple):
     tokens: jax.Array  # [] int32 chain steps sampled (a level-l rollout has l), SPEC 11
     pass1: jax.Array  # [L] float32 exact held-out pass@1 per level before the step's update
     pass_k: jax.Array  # [L] float32 exact held-out pass@eval_k per level before the update
+    prompt_ids: jax.Array  # [N] int32 the batch's pool prompts (as drawn)
+    num_rollouts: jax.Array  # [N] int32 rollouts of each prompt (as applied; sum R)
+    num_correct: jax.Array  # [N] int32 correct rollouts of each prompt
+    success_prob: jax.Array  # [N] float32 each prompt's true success probability p (pre-update)
+    theta: jax.Array  # [L] float32 the skill logits the step's rollouts were drawn with
+    updated: jax.Array  # [] bool an optimizer step was taken (False: a waiting round)
 
 
 class SimOutput(NamedTuple):
@@ -121,21 +122,32 @@ class SimOutput(NamedTuple):
     final_pass1: jax.Array  # [L] float32 exact held-out pass@1 per level after the last step
     final_pass_k: jax.Array  # [L] float32 exact held-out pass@eval_k per level after training
     final_theta: jax.Array  # [L] float32 skill logits after training
+    pool: PromptSet | None = None  # [D] the training prompts, which `trace.prompt_ids` index
 
 
 class Simulator(NamedTuple):
-    """Pure functions of one `SimConfig` (see `make_simulator`)."""
+    """Pure functions of one `SimConfig` and one set of compiled parts (see `make_simulator`)."""
 
     run_seed: Callable[[MethodFlags, jax.Array], SimOutput]
     run: Callable[[MethodFlags, jax.Array], SimOutput]
+    batched: Callable[[MethodFlags, jax.Array], SimOutput]
     config: SimConfig
     num_bins: int
+    parts: tuple[str, ...]
 
 
 def _optimizer(config: SimConfig) -> optax.GradientTransformation:
     if config.optimizer == "adam":
         return optax.adam(config.learning_rate)
     return optax.sgd(config.learning_rate)
+
+
+def _named(block: str, factory, *args, **kwargs):
+    """Calls a controller factory; its ValueError names the field under the config's block."""
+    try:
+        return factory(*args, **kwargs)
+    except ValueError as error:
+        raise ValueError(f"{block}.{error}") from None
 
 
 # XLA options for short runs (tests, notebook sweeps): about 3x faster compilation of the scan for
@@ -146,23 +158,42 @@ FAST_COMPILE_OPTIONS = {
 }
 
 
-def make_simulator(config: SimConfig, *, fast_compile: bool = False) -> Simulator:
-    """Builds the simulation of `config` for every method.
+def make_simulator(
+    config: SimConfig, *, parts: Sequence[str] = GDRO_PARTS, fast_compile: bool = False
+) -> Simulator:
+    """Builds the simulation of `config` for every method whose parts are compiled in.
 
     Args:
       config: the simulation's knobs.
+      parts: names from `ALL_PARTS` to compile in (static); the GDRO parts always are. A method
+        needing a part left out is refused by name (`method_flags`, `Simulator.run`), so the
+        default program holds the GDRO methods only, at their old size; `method_parts(methods)`
+        gives what a list of methods needs.
       fast_compile: compile with `FAST_COMPILE_OPTIONS` (worth it when compilation dominates).
 
     Returns:
       A `Simulator` with
-        `run_seed(flags, key) -> SimOutput`: one run, pure and unjitted;
-        `run(flags, keys_S) -> SimOutput`: `jax.jit(jax.vmap(run_seed))` over a batch of seed
-        keys, compiled once for all methods (flags are traced).
+        `run_seed(flags, key) -> SimOutput`: one run, pure and unjitted (flags unchecked);
+        `run(flags, keys_S) -> SimOutput`: checks concrete flags against the compiled parts, then
+        calls `batched`;
+        `batched`: `jax.jit(jax.vmap(run_seed))` over a batch of seed keys, compiled once for all
+        methods (flags are traced);
+        `parts`: the compiled parts, in `ALL_PARTS` order.
+
+    Raises:
+      ValueError: an unknown part, or a bad value in the block of a compiled part (named as
+        `knapsack.n_max`, ...).
     """
-    classifier = passk_classifier(config.pool_size, **config.classifier)
+    parts = compiled_parts(parts)
+    with_knapsack, with_mopps, with_filter = (
+        part in parts for part in ("knapsack", "mopps", "dynamic_sampling")
+    )
+    classifier = _named("classifier", passk_classifier, config.pool_size, **config.classifier)
     num_bins = classifier.num_bins
-    prompt_adversary = prompt_gdro(num_bins=num_bins, **config.prompt_gdro)
-    rollout_adversary = rollout_gdro(
+    prompt_adversary = _named("prompt_gdro", prompt_gdro, num_bins=num_bins, **config.prompt_gdro)
+    rollout_adversary = _named(
+        "rollout_gdro",
+        rollout_gdro,
         num_bins=num_bins,
         **{
             "n_mean": config.n_mean,
@@ -171,12 +202,31 @@ def make_simulator(config: SimConfig, *, fast_compile: bool = False) -> Simulato
             **config.rollout_gdro,
         },
     )
+    # The rivals, built only when compiled in (as the trainer builds its method's parts only),
+    # with the trainer's run-level arguments: the dataset's D prompts and n_mean.
+    allocator = sampler = group_filter = None
+    if with_knapsack:
+        allocator = _named(
+            "knapsack", knapsack, config.pool_size, n_mean=config.n_mean, **config.knapsack
+        )
+    if with_mopps:
+        sampler = _named("mopps", mopps, config.pool_size, **config.mopps)
+    if with_filter:
+        group_filter = _named(
+            "dynamic_sampling", dynamic_sampling, config.num_prompts, **config.dynamic_sampling
+        )
     optimizer = _optimizer(config)
     num_prompts, num_slots, num_levels = config.num_prompts, config.num_slots, config.num_levels
     pool_counts_L = config.pool_counts
     heldout_counts_L = np.full(num_levels, config.heldout_per_level)
     steps_per_epoch = config.pool_size // num_prompts
     bin_index_B = jnp.arange(num_bins, dtype=jnp.float32)
+    gradient_options = dict(
+        reward_correct=config.reward_correct,
+        reward_wrong=config.reward_wrong,
+        scale_by_std=config.scale_by_std,
+        estimator=config.advantage_estimator,
+    )
 
     def evaluate(theta_L: jax.Array, heldout: PromptSet) -> tuple[jax.Array, jax.Array]:
         p_H = success_prob(theta_L, heldout.level_P, heldout.offset_P)
@@ -202,6 +252,31 @@ def make_simulator(config: SimConfig, *, fast_compile: bool = False) -> Simulato
         onehot_NG = jax.nn.one_hot(group_N, num_groups, dtype=jnp.int32)
         return values_N.astype(jnp.int32) @ onehot_NG
 
+    def filter_round(
+        buffer: DynamicSamplingState,
+        theta_L: jax.Array,
+        groups: BufferedGroups,
+        reward_NG: jax.Array,
+    ) -> tuple[jax.Array, jax.Array, DynamicSamplingState]:
+        """A round of dynamic sampling: `(buffered gradient, ready, buffer after the round)`."""
+        buffer, info = group_filter.add(buffer, groups, keep=group_filter.keep(reward_NG))
+        held, filled_N, emptied = group_filter.take(buffer)
+        # The buffer's groups were all sampled under theta: nothing moves it while they wait.
+        grad_L, _ = grpo_policy_gradient(
+            theta_L,
+            held.level,
+            held.offset,
+            slots_from_counts(jnp.full((num_prompts,), config.n_mean), num_slots),
+            held.success.reshape(num_slots),
+            jnp.ones((num_prompts,), jnp.float32),
+            **gradient_options,
+        )
+        # A partial buffer's empty groups have no rollouts: as the trainer's loss normaliser
+        # counts the filled groups' tokens only, the mean is over the filled groups' slots.
+        grad_L = grad_L * (num_prompts / jnp.maximum(jnp.sum(filled_N), 1))
+        after = jax.tree.map(lambda e, b: jnp.where(info.ready, e, b), emptied, buffer)
+        return grad_L, info.ready, after
+
     def run_seed(flags: MethodFlags, key: jax.Array) -> SimOutput:
         pool_key, heldout_key, shuffle_key, run_key = jax.random.split(key, 4)
         pool = sample_prompt_set(pool_key, pool_counts_L, config.offset_std)
@@ -213,18 +288,30 @@ def make_simulator(config: SimConfig, *, fast_compile: bool = False) -> Simulato
             theta_L = initial_skill_logits(
                 num_levels, config.init_logit_first, config.init_logit_slope
             )
+        empty_groups = BufferedGroups(
+            success=jnp.zeros((num_prompts, config.n_mean), bool),
+            level=jnp.zeros((num_prompts,), jnp.int32),
+            offset=jnp.zeros((num_prompts,), jnp.float32),
+        )
         state = SimState(
             theta=theta_L,
             opt_state=optimizer.init(theta_L),
             classifier=classifier.init(),
             prompt=prompt_adversary.init(),
             rollout=rollout_adversary.init(),
+            knapsack=allocator.init() if with_knapsack else None,
+            sampler=sampler.init() if with_mopps else None,
+            buffer=group_filter.init(empty_groups) if with_filter else None,
         )
 
         def step(state: SimState, inputs: tuple[jax.Array, jax.Array]):
             step_index, step_key = inputs
             allocate_key, rollout_key = jax.random.split(step_key)
             ids_N = batch_ids(order_ED, step_index)
+            if with_mopps:
+                # A key folded from the step's: the other keys stay those of the GDRO program.
+                drawn = sampler.draw(state.sampler, num_prompts, jax.random.fold_in(step_key, 1))
+                ids_N = jnp.where(flags.sample_mopps, drawn.prompt_ids, ids_N)
             level_N, offset_N = pool.level_P[ids_N], pool.offset_P[ids_N]
 
             # Plan from history up to t-1 (SPEC 3, timing).
@@ -234,6 +321,9 @@ def make_simulator(config: SimConfig, *, fast_compile: bool = False) -> Simulato
                 state.rollout, bins_N, p_hat_N, allocate_key
             )
             n_N = jnp.where(flags.allocate, allocated_N, config.n_mean).astype(jnp.int32)
+            if with_knapsack:
+                knapsack_N, _ = allocator.allocate(state.knapsack, prompt_ids=ids_N)
+                n_N = jnp.where(flags.allocate_knapsack, knapsack_N, n_N)
             count_B = per_group(jnp.ones_like(bins_N), bins_N, num_bins)
             q_B = prompt_adversary.distribution(state.prompt, count_B > 0)
             weight_N = jnp.where(
@@ -253,15 +343,30 @@ def make_simulator(config: SimConfig, *, fast_compile: bool = False) -> Simulato
                 slot_R,
                 success_R,
                 weight_N,
-                reward_correct=config.reward_correct,
-                reward_wrong=config.reward_wrong,
-                scale_by_std=config.scale_by_std,
-                estimator=config.advantage_estimator,
+                **gradient_options,
             )
+            updated = jnp.asarray(True)
+            buffer = state.buffer
+            if with_filter:
+                # The round's groups are N x n_mean slots: a group filter allocates nothing.
+                success_NG = success_R.reshape(num_prompts, config.n_mean)
+                reward_NG = jnp.where(success_NG, config.reward_correct, config.reward_wrong)
+                groups = BufferedGroups(success_NG, level_N, offset_N)
+                buffered_grad_L, ready, buffer = filter_round(
+                    state.buffer, state.theta, groups, reward_NG
+                )
+                grad_L = jnp.where(flags.filter_groups, buffered_grad_L, grad_L)
+                updated = ~flags.filter_groups | ready
             updates_L, opt_state = optimizer.update(-grad_L, state.opt_state, state.theta)
             theta_L = optax.apply_updates(state.theta, updates_L)
+            if with_filter:
+                # A waiting round leaves theta and the optimizer state (Adam's count) as they are.
+                theta_L = jnp.where(updated, theta_L, state.theta)
+                opt_state = jax.tree.map(
+                    lambda new, old: jnp.where(updated, new, old), opt_state, state.opt_state
+                )
 
-            # Observe: the adversaries' loss signal and the three state transitions.
+            # Observe: the adversaries' loss signal and the state transitions.
             if config.loss_signal == "failure_rate":
                 losses_N = 1.0 - stats.num_correct_N / stats.num_rollouts_N
             else:
@@ -279,6 +384,9 @@ def make_simulator(config: SimConfig, *, fast_compile: bool = False) -> Simulato
                 num_correct=stats.num_correct_N,
                 num_rollouts=n_N,
             )
+            visits = dict(prompt_ids=ids_N, num_correct=stats.num_correct_N, num_rollouts=n_N)
+            knapsack_state = allocator.update(state.knapsack, **visits) if with_knapsack else None
+            sampler_state = sampler.update(state.sampler, **visits) if with_mopps else None
 
             pass1_L, pass_k_L = evaluate(state.theta, heldout)
             share_B = count_B / num_prompts
@@ -298,8 +406,23 @@ def make_simulator(config: SimConfig, *, fast_compile: bool = False) -> Simulato
                 tokens=jnp.sum(n_N * level_N),
                 pass1=pass1_L,
                 pass_k=pass_k_L,
+                prompt_ids=ids_N,
+                num_rollouts=n_N,
+                num_correct=stats.num_correct_N,
+                success_prob=p_N,
+                theta=state.theta,
+                updated=updated,
             )
-            new_state = SimState(theta_L, opt_state, classifier_state, prompt_state, rollout_state)
+            new_state = SimState(
+                theta_L,
+                opt_state,
+                classifier_state,
+                prompt_state,
+                rollout_state,
+                knapsack_state,
+                sampler_state,
+                buffer,
+            )
             return new_state, record
 
         inputs = (
@@ -313,16 +436,25 @@ def make_simulator(config: SimConfig, *, fast_compile: bool = False) -> Simulato
             final_pass1=final_pass1_L,
             final_pass_k=final_pass_k_L,
             final_theta=state.theta,
+            pool=pool,
         )
+
+    batched = jax.jit(
+        jax.vmap(run_seed, in_axes=(None, 0)),
+        compiler_options=FAST_COMPILE_OPTIONS if fast_compile else None,
+    )
+
+    def run(flags: MethodFlags, keys_S: jax.Array) -> SimOutput:
+        check_flags(flags, parts)
+        return batched(flags, keys_S)
 
     return Simulator(
         run_seed=run_seed,
-        run=jax.jit(
-            jax.vmap(run_seed, in_axes=(None, 0)),
-            compiler_options=FAST_COMPILE_OPTIONS if fast_compile else None,
-        ),
+        run=run,
+        batched=batched,
         config=config,
         num_bins=num_bins,
+        parts=parts,
     )
 
 
@@ -333,7 +465,7 @@ def seed_keys(num_seeds: int, seed: int = 0) -> jax.Array:
 
 def simulate(
     config: SimConfig,
-    methods: Sequence[str] = SIMULATED_METHODS,
+    methods: Sequence[str] = GDRO_METHODS,
     *,
     num_seeds: int = 8,
     seed: int = 0,
@@ -345,24 +477,28 @@ def simulate(
 
     Args:
       config: the simulation.
-      methods: names from `SIMULATED_METHODS` (the records of `controllers.METHODS` whose
-        parts the simulator models).
+      methods: names from `SIMULATED_METHODS` (every record of `controllers.METHODS`); the
+        default, `GDRO_METHODS`, needs the GDRO parts only.
       num_seeds: seeds S, run in one vmapped call per method.
       seed: root seed of the S seed keys.
       progress: show a tqdm bar over methods.
       fast_compile: see `make_simulator`.
-      simulator: a prebuilt `make_simulator(config)` to reuse its compilation.
+      simulator: a prebuilt `make_simulator(config, parts=...)` to reuse its compilation; without
+        it one is built with `method_parts(methods)`, the union of the methods' parts.
 
     Returns:
       `{method: SimOutput}` of numpy arrays, each with a leading [S] axis.
+
+    Raises:
+      ValueError: an unknown method, or one whose part `simulator` was not compiled with.
     """
-    for method in methods:
-        method_flags(method)
+    parts = method_parts(methods)
     if simulator is None:
-        simulator = make_simulator(config, fast_compile=fast_compile)
+        simulator = make_simulator(config, parts=parts, fast_compile=fast_compile)
+    flags = {method: method_flags(method, simulator.parts) for method in methods}
     keys_S = seed_keys(num_seeds, seed)
     outputs = {}
     for method in tqdm(methods, desc="methods", disable=not progress):
-        result = simulator.run(method_flags(method), keys_S)
+        result = simulator.run(flags[method], keys_S)
         outputs[method] = jax.tree.map(np.asarray, result)
     return outputs

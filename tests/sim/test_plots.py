@@ -30,13 +30,18 @@ def test_controller_signals_label_every_panel_and_share_one_legend():
         **{
             name: np.linspace(0.0, 1.0, seeds * steps).reshape(seeds, steps)
             for name in ("mu", "lead_lag_gap", "informative_fraction", "mean_reward")
-        }
+        },
+        success_prob=np.full((seeds, steps, 4), 0.5),  # [S, T, N]
+        updated=np.arange(seeds * steps).reshape(seeds, steps) % 2 == 0,
     )
     outputs = {m: types.SimpleNamespace(trace=trace) for m in METHODS}
     fig = sim.plot_controller_signals(outputs)
-    assert len(fig.axes) == 4
+    assert len(fig.axes) == 6
     for ax in fig.axes:
         assert ax.get_title() and ax.get_xlabel() == "step" and ax.get_ylabel()
     (legend,) = fig.legends
     assert [t.get_text() for t in legend.get_texts()] == list(METHODS)
+    # The optimizer steps are counted, not smoothed: every other step of 12 took one.
+    steps_taken = fig.axes[5].get_lines()[0].get_ydata()
+    assert steps_taken[-1] == steps / 2
     plt.close(fig)

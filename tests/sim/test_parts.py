@@ -1,0 +1,109 @@
+"""Which parts a simulator compiles and which a method applies: names, unions and refusals.
+
+Nothing here compiles a simulation: building a `Simulator` only traces when it first runs.
+"""
+
+import inspect
+
+import jax.numpy as jnp
+import pytest
+
+from experiments.configs import sim_default
+from gdro_jax import controllers, sim
+
+TINY = sim.SimConfig(steps=4, num_prompts=4, num_levels=3, pool_size=12, heldout_per_level=4)
+RIVALS = ("knapsack", "mopps", "dynamic_sampling")
+
+
+def test_every_method_is_simulated_and_the_default_methods_are_the_gdro_ones():
+    assert sim.SIMULATED_METHODS == tuple(controllers.METHODS)
+    assert sim.GDRO_METHODS == ("grpo", "prompt_gdro", "rollout_gdro", "gdro_both")
+    assert inspect.signature(sim.simulate).parameters["methods"].default == sim.GDRO_METHODS
+
+
+@pytest.mark.parametrize("method", tuple(controllers.METHODS))
+def test_a_methods_flags_are_set_for_its_own_parts_only(method):
+    flags = sim.method_flags(method)
+    parts = set(controllers.METHODS[method].parts().values())
+    expected = {
+        "reweight": "prompt_gdro" in parts,
+        "allocate": "rollout_gdro" in parts,
+        "allocate_knapsack": "knapsack" in parts,
+        "sample_mopps": "mopps" in parts,
+        "filter_groups": "dynamic_sampling" in parts,
+    }
+    assert {name: bool(value) for name, value in flags._asdict().items()} == expected
+
+
+def test_method_parts_is_the_union_of_the_methods_parts_and_the_gdro_parts():
+    assert sim.method_parts(["grpo"]) == sim.GDRO_PARTS
+    assert sim.method_parts(sim.GDRO_METHODS) == sim.GDRO_PARTS
+    assert sim.method_parts(["dynamic_sampling", "grpo", "knapsack"]) == (
+        "prompt_gdro",
+        "rollout_gdro",
+        "knapsack",
+        "dynamic_sampling",
+    )
+    assert sim.method_parts(controllers.METHODS) == sim.ALL_PARTS
+
+
+def test_a_simulator_holds_the_gdro_parts_whatever_it_is_given_and_refuses_unknown_ones():
+    assert sim.make_simulator(TINY).parts == sim.GDRO_PARTS
+    assert sim.make_simulator(TINY, parts=("mopps",)).parts == (*sim.GDRO_PARTS, "mopps")
+    with pytest.raises(ValueError, match="parts must be names from .* got parts=\\('ppo',\\)"):
+        sim.make_simulator(TINY, parts=("ppo",))
+
+
+def test_hand_made_flags_are_refused_when_their_parts_are_missing_or_do_not_combine():
+    simulator = sim.make_simulator(TINY, parts=sim.ALL_PARTS)
+    keys = sim.seed_keys(1)
+
+    def flags(**applied):
+        fields = sim.MethodFlags._fields
+        return sim.MethodFlags(**{f: jnp.asarray(applied.get(f, False)) for f in fields})
+
+    with pytest.raises(ValueError, match="two rollout allocations"):
+        simulator.run(flags(allocate=True, allocate_knapsack=True), keys)
+    with pytest.raises(ValueError, match="does not combine"):
+        simulator.run(flags(filter_groups=True, reweight=True), keys)
+    default = sim.make_simulator(TINY)
+    with pytest.raises(ValueError, match="flags applying \\['knapsack', 'prompt_gdro'\\]"):
+        default.run(flags(allocate_knapsack=True, reweight=True), keys)
+
+
+@pytest.mark.parametrize(
+    "block, key",
+    [("knapsack", "n_mean"), ("mopps", "num_prompts"), ("dynamic_sampling", "num_groups")],
+)
+def test_a_rivals_arguments_set_by_the_simulator_are_rejected(block, key):
+    with pytest.raises(ValueError, match=f"{block}.{key} is set by the simulator"):
+        sim.SimConfig(**{block: {key: 3}})
+
+
+@pytest.mark.parametrize(
+    "block, value, field",
+    [
+        ("knapsack", dict(n_max=1), "knapsack.n_min and n_max"),
+        ("mopps", dict(target=2.0), "mopps.target"),
+        ("dynamic_sampling", dict(max_rounds=0), "dynamic_sampling.max_rounds"),
+    ],
+)
+def test_a_bad_rival_block_is_named_when_its_part_is_compiled_in(block, value, field):
+    config = sim.SimConfig(**{block: value})
+    with pytest.raises(ValueError, match=field):
+        sim.make_simulator(config, parts=(block,))
+    # A GDRO simulator does not read the block, as a GDRO run of the trainer does not.
+    assert sim.make_simulator(config).parts == sim.GDRO_PARTS
+
+
+def test_the_experiment_configs_rival_blocks_are_the_trainers_defaults():
+    # The trainer's config schema reads each part's defaults off its factory: so does this test.
+    config = sim_default.get_config()
+    factories = {name: f for parts in controllers.PARTS.values() for name, f in parts.items()}
+    for block in RIVALS:
+        defaults = {
+            name: parameter.default
+            for name, parameter in inspect.signature(factories[block]).parameters.items()
+            if parameter.default is not inspect.Parameter.empty and name != "n_mean"
+        }
+        assert config[block].to_dict() == defaults, block
