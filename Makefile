@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 RUNTIME := $(VENV)/.installed-runtime
 TESTING := $(VENV)/.installed-test
 
-.PHONY: demo study sim test lint format bench clean
+.PHONY: demo study sim test test-slow lint format bench clean
 
 $(RUNTIME): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,8 +37,14 @@ sim: $(RUNTIME)
 	$(PY) -m experiments.simulate_controllers --config=experiments/configs/sim_default.py --workdir=runs/sim_demo
 
 # Two pytest workers (pytest-xdist), each taking whole files, so a module's fixtures are built once.
+# `make test` is every test but the `slow` ones: the end-to-end runs of whole training processes
+# (resume, several processes, learning) and the docs and notebooks executed, which `make
+# test-slow` runs. CI (.ci/run) runs both.
 test: $(TESTING)
-	$(PY) -m pytest -q -n 2 --dist loadfile tests
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow" tests
+
+test-slow: $(TESTING)
+	$(PY) -m pytest -q -n 2 --dist loadfile -m slow tests
 
 lint: $(TESTING)
 	$(VENV)/bin/ruff check .

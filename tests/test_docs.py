@@ -179,6 +179,7 @@ def python_results(tmp_path_factory):
     return results, tail
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block", PYTHON_BLOCKS, ids=_id)
 def test_python_block_runs(block, python_results):
     """The block runs to its end without raising (its own asserts included)."""
@@ -197,6 +198,7 @@ def runs_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("docs_runs")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block", BASH_BLOCKS, ids=_id)
 def test_bash_block_runs(block, runs_dir):
     """Every command of the block exits 0 without a traceback."""

@@ -105,6 +105,7 @@ def test_the_results_are_written_and_the_markdown_block_replaced(finished):
     assert summary["arms"] == ["grpo", "gdro_both"] and summary["seeds"] == [0, 1]
 
 
+@pytest.mark.slow
 def test_the_curriculum_notebook_draws_the_tiny_study(finished, monkeypatch):
     monkeypatch.setenv("GDRO_STUDY", str(finished["workdir"]))
     monkeypatch.setenv("GDRO_STUDY_RESULTS", str(finished["results"]))
@@ -125,6 +126,7 @@ def test_a_second_pass_finds_nothing_to_run_and_a_changed_eval_everything(finish
         study.prepare_warm_start(retrained, finished["workdir"])
 
 
+@pytest.mark.slow
 def test_one_run_rerun_alone_reproduces_it_bit_for_bit(finished, tmp_path):
     workdir = finished["workdir"]
     folder = workdir / "grpo" / "seed_1"

@@ -2,12 +2,15 @@
 
 import jax
 import numpy as np
+import pytest
 from flax import nnx
 
 from experiments.configs import pretrain_tiny, tiny_cpu
 from gdro_jax import eval as evaluation
 from gdro_jax import models, train
 from gdro_jax.warmstart import pretrain_model
+
+pytestmark = pytest.mark.slow  # about two minutes: a warm start, then 30 RL steps
 
 
 def test_thirty_grpo_steps_raise_the_reward(tmp_path):
