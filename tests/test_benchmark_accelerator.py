@@ -65,6 +65,7 @@ def _positive_finite(value):
     return isinstance(value, int | float) and math.isfinite(value) and value > 0
 
 
+@pytest.mark.slow
 def test_the_report_holds_every_figure_and_prints_the_table(run):
     report, printed = run
     assert set(TOP_LEVEL) <= set(report)
@@ -82,6 +83,7 @@ def test_the_report_holds_every_figure_and_prints_the_table(run):
         assert row in printed
 
 
+@pytest.mark.slow
 def test_update_flops_and_mfu_match_a_hand_count_from_the_tiny_config(run):
     report, _ = run
     c = models.DecoderConfig.tiny()
@@ -111,6 +113,7 @@ def test_update_flops_and_mfu_match_a_hand_count_from_the_tiny_config(run):
     assert math.isfinite(update["mfu"]) and update["mfu"] > 0
 
 
+@pytest.mark.slow
 def test_decode_throughput_and_roofline_fraction(run):
     report, _ = run
     decode, c = report["decode"], models.DecoderConfig.tiny()
@@ -130,6 +133,7 @@ def test_decode_throughput_and_roofline_fraction(run):
     assert decode["roofline_fraction"] == pytest.approx(fraction, rel=1e-9)
 
 
+@pytest.mark.slow
 def test_prefill_sharing_speedup_is_the_ratio_of_medians(run):
     report, _ = run
     sharing = report["prefill_sharing"]

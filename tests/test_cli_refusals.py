@@ -81,6 +81,7 @@ def test_a_workdir_that_is_a_file_is_refused_and_left_alone(tmp_path, argv):
     assert workdir.read_text() == "mine\n"
 
 
+@pytest.mark.slow
 def test_a_field_the_shipped_config_did_not_spell_out_is_overridden(tmp_path):
     """`tiny_cpu.py` holds every field of the run schema, so the README's bfloat16 override runs
     (a 1-layer model, 4 prompts, one step)."""

@@ -156,6 +156,7 @@ def test_main_writes_the_report_and_the_completions(policy_dir, math500, math_ev
     assert {s: statuses[s] for s in rewards.STATUSES} == {s: grader[s] for s in rewards.STATUSES}
 
 
+@pytest.mark.slow
 def test_two_processes_write_what_one_process_writes(policy_dir, data_dir, math_eval, tmp_path):
     """`--num_processes=2`: each process samples and grades its batches, process 0 writes the
     files and prints the report; they equal a single process's (each process's first device is

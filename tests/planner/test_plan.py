@@ -184,6 +184,7 @@ def _plan_command(tmp_path, budget_gib):
     )
 
 
+@pytest.mark.slow
 def test_plan_command_exits_0_within_the_budget_and_1_over_it(tmp_path):
     fits = _plan_command(tmp_path, 1.0)
     assert fits.returncode == 0, fits.stderr[-2000:]

@@ -137,6 +137,7 @@ def test_init_logits_replace_first_and_slope():
     np.testing.assert_array_equal(b.trace.pass1[:, 0], a.trace.pass1[:, 0])
 
 
+@pytest.mark.slow
 def test_simulate_study_end_to_end(tmp_path):
     """A tiny run: the fit matches the reference's warm start, the calibrated rate reproduces
     GRPO's gain at its interpolation point's neighbours, and the real gains are read from the

@@ -59,6 +59,7 @@ def finished(tmp_path_factory):
     )
 
 
+@pytest.mark.slow
 def test_every_run_is_trained_and_evaluated_seed_major(finished):
     assert [spec.name for spec in finished["todo"]] == [
         "grpo/seed_0",
@@ -90,6 +91,7 @@ def test_every_run_is_trained_and_evaluated_seed_major(finished):
         assert sorted(os.listdir(folder / "snapshots")) == ["step_1", "step_2"]
 
 
+@pytest.mark.slow
 def test_the_results_are_written_and_the_markdown_block_replaced(finished):
     results, summary = finished["results"], finished["summary"]
     assert json.loads((results / "study.json").read_text()) == json.loads(json.dumps(summary))
@@ -112,6 +114,7 @@ def test_the_curriculum_notebook_draws_the_tiny_study(finished, monkeypatch):
     execute_notebook(pathlib.Path(ROOT) / "notebooks" / "curriculum.py")
 
 
+@pytest.mark.slow
 def test_a_second_pass_finds_nothing_to_run_and_a_changed_eval_everything(finished):
     config = finished["config"]
     assert study.pending(config, finished["workdir"]) == []

@@ -9,6 +9,7 @@ from experiments.configs import demo
 from tests.study import _study_config
 
 
+@pytest.mark.slow
 def test_demo_writes_the_table_plots_and_results(tmp_path, capsys):
     from gdro_jax.study import run_demo
 
