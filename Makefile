@@ -37,9 +37,9 @@ sim: $(RUNTIME)
 	$(PY) -m experiments.simulate_controllers --config=experiments/configs/sim_default.py --workdir=runs/sim_demo
 
 # Two pytest workers (pytest-xdist), each taking whole files, so a module's fixtures are built once.
-# `make test` is every test but the `slow` ones: the end-to-end runs of whole training processes
-# (resume, several processes, learning) and the docs and notebooks executed, which `make
-# test-slow` runs. CI (.ci/run) runs both.
+# `make test` is every test but the `slow` ones, which `make test-slow` runs: whole runs end to end
+# (resume, several processes, learning, a tiny study, the shipped commands in subprocesses) and the
+# docs and notebooks executed (docs/testing.md lists them). CI (.ci/run) runs both.
 test: $(TESTING)
 	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow" tests
 
