@@ -7,7 +7,8 @@ runs the four GDRO methods; the rivals' blocks are here for `--config.methods=..
 """
 
 import ml_collections
-from ml_collections import config_dict
+
+from gdro_jax import configs
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -49,23 +50,10 @@ def get_config() -> ml_collections.ConfigDict:
     config.rollout_gdro = ml_collections.ConfigDict(
         dict(n_min=2, n_max=12, proxy="bernoulli", ema=0.12, mode="sqrt")
     )
-    # The rivals (`--config.methods=grpo,knapsack,mopps,dynamic_sampling`), at the trainer's
-    # defaults; the simulator sets num_prompts (the pool's D), n_mean and num_groups (N).
-    config.knapsack = ml_collections.ConfigDict(
-        dict(
-            n_min=2,
-            n_max=12,
-            negative_n=config_dict.placeholder(int),  # None: n_min
-            positive_n=config_dict.placeholder(int),  # None: n_min
-            history=16,
-            min_history=8,
-            window=8,
-            confidence=0.9,
-            fallback=True,
-        )
-    )
-    config.mopps = ml_collections.ConfigDict(
-        dict(candidates=8, target=0.5, decay=0.5, prior_alpha=1.0, prior_beta=1.0)
-    )
-    config.dynamic_sampling = ml_collections.ConfigDict(dict(max_rounds=10))
+    # The rivals (`--config.methods=grpo,knapsack,mopps,dynamic_sampling`): the run schema's
+    # blocks, read off the same factories as the trainer's; the simulator sets num_prompts (the
+    # pool's D), n_mean and num_groups (N).
+    run = configs.run_config()
+    for block in ("knapsack", "mopps", "dynamic_sampling"):
+        config[block] = run[block]
     return config

@@ -252,6 +252,9 @@ def make_simulator(
         onehot_NG = jax.nn.one_hot(group_N, num_groups, dtype=jnp.int32)
         return values_N.astype(jnp.int32) @ onehot_NG
 
+    # A group filter's groups are N x n_mean slots (it allocates nothing): their prompt of slot.
+    uniform_slot_R = slots_from_counts(np.full(num_prompts, config.n_mean), num_slots)
+
     def filter_round(
         buffer: DynamicSamplingState,
         theta_L: jax.Array,
@@ -266,7 +269,7 @@ def make_simulator(
             theta_L,
             held.level,
             held.offset,
-            slots_from_counts(jnp.full((num_prompts,), config.n_mean), num_slots),
+            uniform_slot_R,
             held.success.reshape(num_slots),
             jnp.ones((num_prompts,), jnp.float32),
             **gradient_options,
