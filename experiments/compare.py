@@ -7,8 +7,10 @@ Trains the warm start (or reuses it), then every run (`config.jobs` processes at
 this command with `--config.only=<arm>/seed_<s>`, sharing one compilation cache), then writes
 `study.json`, `tables.md` and the figures to `--results` and the tables into `--results_md`'s
 marked block (`gdro_jax.study.run_study`). Finished runs are never rerun and interrupted ones
-resume, so the same command continues a study. `--config.only=<arm>/seed_<s>` runs one run
-alone and prints its held-out figures (delete its folder first to redo it).
+resume, so the same command continues a study; with `--results`, each finished run is also kept
+in `<results>/runs/` with the warm start, so the command continues it on another machine too.
+`--config.only=<arm>/seed_<s>` runs one run alone and prints its held-out figures (delete its
+folder, and its file in the store, first to redo it).
 """
 
 import sys
@@ -22,7 +24,11 @@ from gdro_jax import study
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Study config file.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Folder for the warm start and every run.")
 _RESULTS = flags.DEFINE_string(
-    "results", None, "Folder for study.json, tables.md and the figures (default: workdir)."
+    "results",
+    None,
+    "Folder for study.json, tables.md and the figures, and runs/, the store of each finished "
+    "run's evaluation file and the warm start (commit it to resume elsewhere; default: workdir, "
+    "without a store).",
 )
 _RESULTS_MD = flags.DEFINE_string(
     "results_md", None, "A markdown file whose marked results block is replaced by the tables."

@@ -3,7 +3,9 @@
 - `run_demo`: the miniature study of `make demo` (warm start, equal-compute RL per method, a
   held-out table with the frontier levels, plots).
 - The comparison study of `make study` (`experiments/compare.py`, `run_study`): arms x seeds
-  from one warm start (`run_specs`, `run_config`, `run_one`), collected into the pre-declared
+  from one warm start (`run_specs`, `run_config`, `run_one`), each finished run kept as one small
+  file in the results' store (`sync_store`, `compact_log`, `log_rows`, `weights_fingerprint`),
+  collected into the pre-declared
   primary metric and secondary tables (`collect`, `write_results`, `format_tables`) and figures
   (`draw_figures`; one `plot_*` function each, returning the figure, for notebooks).
 - The adversaries' premise on a task profile (`premise_criteria`: graded bins, groups with signal,
@@ -19,6 +21,7 @@ from gdro_jax.study._collect import (
     RESULTS_END,
     collect,
     level_weights,
+    results_markers,
     run_figures,
     write_results,
 )
@@ -26,13 +29,18 @@ from gdro_jax.study._compare import (
     RunSpec,
     apply_overrides,
     arms_of,
+    compact_log,
+    log_rows,
     parse_overrides,
     pending,
     prepare_warm_start,
+    restore_warm_start,
     run_config,
     run_one,
     run_specs,
     seeds_of,
+    sync_store,
+    weights_fingerprint,
 )
 from gdro_jax.study._decisions import decision_summary
 from gdro_jax.study._demo import (
@@ -89,6 +97,7 @@ __all__ = [
     "bin_shares",
     "bootstrap_gains",
     "collect",
+    "compact_log",
     "decision_summary",
     "detectable_gain",
     "draw_figures",
@@ -99,6 +108,7 @@ __all__ = [
     "level_pass_at_1",
     "level_weights",
     "load_logs",
+    "log_rows",
     "paired_relative_gain",
     "parse_overrides",
     "pending",
@@ -115,6 +125,8 @@ __all__ = [
     "premise_criteria",
     "prepare_warm_start",
     "problem_success",
+    "restore_warm_start",
+    "results_markers",
     "run_config",
     "run_demo",
     "run_figures",
@@ -122,6 +134,8 @@ __all__ = [
     "run_specs",
     "run_study",
     "seeds_of",
+    "sync_store",
     "warm_start_frontier",
+    "weights_fingerprint",
     "write_results",
 ]

@@ -13,8 +13,9 @@ import ml_collections
 import numpy as np
 
 from gdro_jax.eval import pass_at_k
-from gdro_jax.study._compare import RunSpec, _eval_file, arms_of, pending, seeds_of
+from gdro_jax.study._compare import RunSpec, _eval_file, arms_of, log_rows, pending, seeds_of
 from gdro_jax.study._demo import BASELINE, warm_start_frontier
+from gdro_jax.study._premise import all_equal_share, bin_shares
 from gdro_jax.study._report import draw_figures, format_tables
 from gdro_jax.study._stats import detectable_gain, paired_relative_gain
 
@@ -118,7 +119,16 @@ def collect(
                 f"{len(stale)} runs were evaluated under another config ({stale[:4]}): run the "
                 "study again to bring them up to date"
             )
-    loaded = {arm: {seed: _load(path_of(arm, seed)) for seed in seeds} for arm in arms}
+    records = {
+        arm: {seed: json.loads(path_of(arm, seed).read_text()) for seed in seeds} for arm in arms
+    }
+    loaded = {
+        arm: {
+            seed: _evaluated(record, float(record.get("sampled_tokens", 0.0)))
+            for seed, record in runs.items()
+        }
+        for arm, runs in records.items()
+    }
     warm = _load(_eval_file(workdir / BASELINE, split))
 
     per_seed = {
@@ -185,7 +195,7 @@ def collect(
         for arm in arms
     }
     base_tokens = means[config.baseline]["sampled_tokens"]
-    along = _along(workdir, config, arms, seeds, frontier)
+    along = _along(records, config, frontier)
     summary = {
         "split": split,
         "arms": arms,
@@ -210,19 +220,48 @@ def collect(
     }
     if along is not None:
         summary["along"] = along
+    training = _training(records)
+    if training is not None:
+        summary["training"] = training
     return summary
 
 
-def _along(workdir, config, arms, seeds, frontier) -> dict[str, Any] | None:
+def _training(records: dict[str, dict[int, dict]]) -> dict[str, Any] | None:
+    """What each arm did in training, from its runs' decisions and compact logs (after the first
+    pass over the pool, the decisions' `after_step`), mean and min-max over seeds: the fraction of
+    groups with a non-zero gradient, and the premise's bin occupancy (the largest bin's share of
+    the batch, the middle bins' share) and all-equal share. None for files without them."""
+    if not all("decisions" in r and "log" in r for runs in records.values() for r in runs.values()):
+        return None
+    out: dict[str, Any] = {}
+    for arm, runs in records.items():
+        values: dict[str, list[float]] = {}
+        for record in runs.values():
+            after = int(record["decisions"]["after_step"])
+            rows = log_rows(record["log"])
+            shares = bin_shares(rows, after_step=after)
+            figures = {
+                "nonzero_gradient_fraction": record["decisions"]["nonzero_gradient_fraction"],
+                "largest_bin_share": float(shares.max()),
+                "middle_bins_share": float(shares[1:-1].sum()),
+                "all_equal_share": all_equal_share(rows, after_step=after),
+            }
+            for name, value in figures.items():
+                values.setdefault(name, []).append(float(value))
+        out[arm] = {
+            name: {"mean": float(np.mean(v)), "min": float(np.min(v)), "max": float(np.max(v))}
+            for name, v in values.items()
+        }
+        out[arm]["after_step"] = int(next(iter(runs.values()))["decisions"]["after_step"])
+    return out
+
+
+def _along(records: dict[str, dict[int, dict]], config, frontier) -> dict[str, Any] | None:
     """The held-out figures along the runs (`checkpoint.snapshot_steps`), when every run has
     them at the same sampled rollouts: per arm, the seeds' mean frontier and pooled pass@1 at
     each point, and the rollouts it first took to reach the baseline's final frontier pass@1
     (None: never)."""
-    records = {
-        arm: [json.loads(_eval_file(workdir / arm / f"seed_{s}", config.eval.split).read_text())
-              for s in seeds]
-        for arm in arms
-    }  # fmt: skip
+    records = {arm: list(runs.values()) for arm, runs in records.items()}
     if not all("along" in r for runs in records.values() for r in runs):
         return None
     points = {
@@ -258,6 +297,18 @@ RESULTS_BEGIN = "<!-- study results: written by experiments/compare.py; do not e
 RESULTS_END = "<!-- end of study results -->"
 
 
+def results_markers(name: str = "") -> tuple[str, str]:
+    """The lines around a study's block in a Markdown file: `RESULTS_BEGIN` / `RESULTS_END`, or
+    for a named study (`config.name`, e.g. a profile) lines that carry its name, so that one
+    file holds a block per study."""
+    if not name:
+        return RESULTS_BEGIN, RESULTS_END
+    return (
+        f"<!-- study results ({name}): written by experiments/compare.py; do not edit by hand -->",
+        f"<!-- end of study results ({name}) -->",
+    )
+
+
 def run_figures(config: ml_collections.ConfigDict, workdir: pathlib.Path, spec: RunSpec) -> str:
     """One line with a finished run's held-out figures (what RESULTS.md's per-seed table shows)."""
     folder = workdir / spec.arm / f"seed_{spec.seed}"
@@ -283,15 +334,14 @@ def write_results(
 ) -> dict[str, Any]:
     """Collects a finished study into `results_dir` (`study.json`, `tables.md`, the figures of
     `gdro_jax.study._report`) and, given `results_md`, replaces the block between its
-    `RESULTS_BEGIN` and `RESULTS_END` lines with the tables (the file's prose is kept)."""
+    markers (`results_markers(config.name)`) with the tables (the file's prose is kept)."""
     workdir, results_dir = pathlib.Path(workdir), pathlib.Path(results_dir)
+    begin, end = results_markers(config.get("name", ""))
     if results_md is not None:  # checked before anything is written
         results_md = pathlib.Path(results_md)
         text = results_md.read_text() if results_md.exists() else ""
-        if text and (RESULTS_BEGIN not in text or RESULTS_END not in text):
-            raise ValueError(
-                f"{results_md}: no '{RESULTS_BEGIN}' ... '{RESULTS_END}' block to replace"
-            )
+        if text and (begin not in text or end not in text):
+            raise ValueError(f"{results_md}: no '{begin}' ... '{end}' block to replace")
     summary = collect(config, workdir)
     results_dir.mkdir(parents=True, exist_ok=True)
     (results_dir / "study.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -299,10 +349,10 @@ def write_results(
     (results_dir / "tables.md").write_text(tables + "\n")
     draw_figures(summary, workdir, results_dir)
     if results_md is not None:
-        block = f"{RESULTS_BEGIN}\n{tables}\n{RESULTS_END}"
+        block = f"{begin}\n{tables}\n{end}"
         if text:
-            head, _, rest = text.partition(RESULTS_BEGIN)
-            _, _, tail = rest.partition(RESULTS_END)
+            head, _, rest = text.partition(begin)
+            _, _, tail = rest.partition(end)
             results_md.write_text(head + block + tail)
         else:
             results_md.write_text(block + "\n")

@@ -9,12 +9,18 @@ Layout of the work directory:
 
     warm_start/                 the pretrain folder (model/, frontier.json) + eval_<split>.json
     <arm>/seed_<s>/             the RL run's folder (metrics.jsonl, checkpoints/, model/, ...)
-    <arm>/seed_<s>/eval_<split>.json   its held-out evaluation and the stamp that produced it
+    <arm>/seed_<s>/eval_<split>.json   its held-out evaluation, its compact log and decisions,
+                                and the stamp that produced it
 
-A run whose evaluation file carries the same stamp (the run's config and the evaluation
-settings) is finished and never rerun; an interrupted run resumes from its checkpoints. Every run
-is deterministic on CPU, so rerunning one alone (`--config.only=<arm>/<seed>`) reproduces its
-figures exactly.
+The store (`<results>/runs/`, committed with the results) has the same layout with the small
+files only: each run's evaluation file, and the whole warm start folder (its weights, about 3 MB
+for the CPU profiles, with `warm_start.json`, their fingerprint). On CPU another machine may
+train other weights from the same config, so a fresh work directory takes the stored warm start
+(`restore_warm_start`) rather than training its own. A run whose evaluation file, in the store or
+the work directory, carries the same stamp (the run's config, the warm start's config and the
+evaluation settings) is finished and never rerun; an interrupted run resumes from its
+checkpoints. Every run is deterministic on CPU, so rerunning one alone
+(`--config.only=<arm>/<seed>`) reproduces its figures exactly.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import ast
 import copy
 import hashlib
 import json
+import os
 import pathlib
 import time
 from typing import Any, NamedTuple
@@ -32,6 +39,7 @@ import ml_collections
 from gdro_jax import configs, controllers, models, tasks
 from gdro_jax import eval as evaluation
 from gdro_jax.eval import evaluate_with
+from gdro_jax.study._decisions import decision_summary
 from gdro_jax.study._demo import BASELINE
 from gdro_jax.train import read_metrics, snapshot_path, train
 from gdro_jax.warmstart import CONFIG_FILE, config_hash, pretrain
@@ -169,15 +177,28 @@ def run_config(
     return run
 
 
-def _stamp(run: ml_collections.ConfigDict | None, eval_config: ml_collections.ConfigDict) -> str:
+def _stamp(
+    run: ml_collections.ConfigDict | None,
+    eval_config: ml_collections.ConfigDict,
+    warm_hash: str | None = None,
+) -> str:
     """What decides an evaluation file: the run's config (its fields that differ from the
-    schema's defaults, `configs.canonical`, without `progress`) and the eval settings."""
+    schema's defaults, `configs.canonical`, without `progress` and the warm start's path), the
+    warm start's config hash `warm_hash` (so that a run's stamp does not depend on where the
+    work directory is) and the eval settings."""
     fields: dict[str, Any] = {"eval": eval_config.to_dict()}
     if run is not None:
         canonical = configs.canonical(run, configs.run_schema())
-        fields["run"] = {k: v for k, v in canonical.items() if k != "progress"}
+        fields["run"] = {k: v for k, v in canonical.items() if k not in ("progress", "init_from")}
+        fields["warm_start"] = warm_hash
     text = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def run_stamp(config: ml_collections.ConfigDict, spec: RunSpec) -> str:
+    """The stamp a finished run's evaluation file carries (`_stamp`)."""
+    run = run_config(config, spec, pathlib.Path(BASELINE) / models.MODEL_DIR)
+    return _stamp(run, config.eval, config_hash(config.pretrain))
 
 
 def _eval_file(folder: pathlib.Path, split: str) -> pathlib.Path:
@@ -233,24 +254,116 @@ def prepare_warm_start(config: ml_collections.ConfigDict, workdir: pathlib.Path)
     return model_dir
 
 
-def pending(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> list[RunSpec]:
-    """The runs whose evaluation file is missing or was made by another config."""
-    warm = workdir / BASELINE / models.MODEL_DIR
-    out = []
-    for spec in run_specs(config):
-        stamp = _stamp(run_config(config, spec, warm), config.eval)
-        path = _eval_file(workdir / spec.arm / f"seed_{spec.seed}", config.eval.split)
-        if _read_done(path, stamp) is None:
-            out.append(spec)
-    return out
+def run_folder(root: pathlib.Path, spec: RunSpec) -> pathlib.Path:
+    return pathlib.Path(root) / spec.arm / f"seed_{spec.seed}"
 
 
-def run_one(config: ml_collections.ConfigDict, workdir: pathlib.Path, spec: RunSpec) -> None:
+def finished_file(
+    config: ml_collections.ConfigDict,
+    spec: RunSpec,
+    workdir: pathlib.Path,
+    store: pathlib.Path | None = None,
+) -> pathlib.Path | None:
+    """The evaluation file that makes `spec` finished (its stamp is the run's), in the store
+    first, then in the work directory; None when neither holds one."""
+    stamp = run_stamp(config, spec)
+    for root in (store, workdir):
+        if root is not None:
+            path = _eval_file(run_folder(root, spec), config.eval.split)
+            if _read_done(path, stamp) is not None:
+                return path
+    return None
+
+
+def pending(
+    config: ml_collections.ConfigDict,
+    workdir: pathlib.Path,
+    store: pathlib.Path | None = None,
+) -> list[RunSpec]:
+    """The runs whose evaluation file, in the store or the work directory, is missing or was
+    made by another config."""
+    return [
+        spec
+        for spec in run_specs(config)
+        if finished_file(config, spec, pathlib.Path(workdir), store) is None
+    ]
+
+
+# The per-step metrics a run's evaluation file keeps (`compact_log`): what the study's figures
+# and the premise's criteria read, not the per-prompt columns (about 300 KB a run).
+LOG_FIELDS = (
+    "step",
+    "accuracy",
+    "tokens",
+    "nonzero_advantage_fraction",
+    "bin/prompts",
+    "bin/rollouts",
+    "bin/q",
+    "bin/zero_advantage_fraction",
+    "q_mean_bin",
+    "q_entropy",
+    "lead_lag_gap",
+    "weighted_standard_error",
+    "uniform_standard_error",
+)
+LOG_DIGITS = 5  # significant digits kept
+
+
+def compact_log(rows: list[dict[str, Any]]) -> dict[str, list]:
+    """A run's `LOG_FIELDS` over its steps, name -> per-step values (lists for per-bin fields),
+    floats rounded to `LOG_DIGITS` significant digits (a figure's resolution, a fifth the size).
+    Non-finite values stay the strings the metrics file holds ("nan", "inf")."""
+
+    def short(value):
+        if isinstance(value, list):
+            return [short(v) for v in value]
+        if isinstance(value, float):
+            return float(f"{value:.{LOG_DIGITS}g}")
+        return value
+
+    if not rows:
+        return {}
+    return {name: [short(row[name]) for row in rows] for name in LOG_FIELDS if name in rows[0]}
+
+
+def log_rows(log: dict[str, list]) -> list[dict[str, Any]]:
+    """`compact_log`'s columns back into per-step rows (what `read_metrics` gives)."""
+    steps = len(log.get("step", ()))
+    return [{name: values[i] for name, values in log.items()} for i in range(steps)]
+
+
+def write_record(path: pathlib.Path, record: dict[str, Any]) -> None:
+    """A JSON object with one top-level key per line, so that `git diff` of a rerun shows the
+    lines that changed (the wall-clock `seconds`) and nothing else."""
+    lines = [f"{json.dumps(key)}: {json.dumps(value)}" for key, value in record.items()]
+    _write_atomic(path, "{\n" + ",\n".join(lines) + "\n}\n")
+
+
+def _write_atomic(path: pathlib.Path, text: str) -> None:
+    _write_atomic_bytes(path, text.encode())
+
+
+def _write_atomic_bytes(path: pathlib.Path, data: bytes) -> None:
+    """Writes through a temporary file of this process, so that a reader (another run's process)
+    never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+
+
+def run_one(
+    config: ml_collections.ConfigDict,
+    workdir: pathlib.Path,
+    spec: RunSpec,
+    store: pathlib.Path | None = None,
+) -> None:
     """Trains one run (resuming it if interrupted; at once if its training is complete) and
-    writes its held-out evaluation with the stamp that makes it finished."""
+    writes its held-out evaluation, compact log and decisions with the stamp that makes it
+    finished, in the work directory and (given) the store."""
     warm = workdir / BASELINE / models.MODEL_DIR
     run = run_config(config, spec, warm)
-    folder = workdir / spec.arm / f"seed_{spec.seed}"
+    folder = run_folder(workdir, spec)
     start = time.perf_counter()
     train(run, folder)
     train_seconds = time.perf_counter() - start
@@ -262,18 +375,122 @@ def run_one(config: ml_collections.ConfigDict, workdir: pathlib.Path, spec: RunS
         for step in run.checkpoint.get("snapshot_steps", ())
         if step < run.steps
     ]
+    first_pass = run.task.pool_size // run.num_prompts  # steps until every prompt was drawn
     record = {
-        "stamp": _stamp(run, config.eval),
+        "stamp": run_stamp(config, spec),
         "arm": spec.arm,
         "seed": spec.seed,
         "split": config.eval.split,
         "sampled_tokens": float(sum(r["tokens"] for r in rows)),
-        "seconds": {"train": train_seconds, "eval": time.perf_counter() - start},
         "evaluation": result.to_dict(),
     }
     if along:  # the held-out figures along the run, then at its end
         record["along"] = [*along, _point(config, run, rows, run.steps, None, result)]
-    _eval_file(folder, config.eval.split).write_text(json.dumps(record))
+    record["decisions"] = decision_summary(rows, after_step=min(first_pass, len(rows) - 1))
+    record["decisions"]["after_step"] = min(first_pass, len(rows) - 1)
+    record["log"] = compact_log(rows)
+    record["seconds"] = {"train": train_seconds, "eval": time.perf_counter() - start}
+    path = _eval_file(folder, config.eval.split)
+    write_record(path, record)
+    if store is not None:
+        write_record(_eval_file(run_folder(store, spec), config.eval.split), record)
+
+
+# The store's record of the warm start the runs started from.
+WARM_START_FILE = "warm_start.json"
+
+
+def weights_fingerprint(model_dir: str | pathlib.Path) -> str:
+    """sha256 of a saved policy's weights file (the same bytes: the same model)."""
+    digest = hashlib.sha256()
+    with open(pathlib.Path(model_dir) / "model.safetensors", "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _warm_start_files(folder: pathlib.Path) -> list[pathlib.Path]:
+    """The warm start folder's files, relative (its model and tokenizer, `pretrain.json`,
+    `frontier.json`, its evaluations): about 3 MB for the CPU profiles' policies."""
+    return sorted(
+        p.relative_to(folder) for p in folder.rglob("*") if p.is_file() and ".tmp" not in p.name
+    )
+
+
+def _stored_identity(store: pathlib.Path) -> dict[str, Any] | None:
+    path = store / BASELINE / WARM_START_FILE
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _refuse_other_weights(fingerprint: str, stored: dict[str, Any], where, store) -> None:
+    if stored.get("fingerprint") != fingerprint:
+        raise ValueError(
+            f"{where}: this warm start's weights (sha256 {fingerprint[:12]}) are not those the "
+            f"runs in {store} started from ({stored.get('fingerprint', '?')[:12]}), though its "
+            "config is the same: it was trained on another machine or package versions. New "
+            "runs would not pair with the stored ones: delete this warm start (the stored one "
+            "is then used) or give another --results folder to run the study afresh"
+        )
+
+
+def restore_warm_start(
+    config: ml_collections.ConfigDict, workdir: pathlib.Path, store: pathlib.Path
+) -> bool:
+    """Copies the store's warm start (weights included) into a work directory that has none, so
+    that a fresh machine starts its runs from the very weights the stored runs started from
+    (on CPU another machine may train other weights from the same config). Returns whether it
+    copied anything.
+
+    Raises:
+      ValueError: the work directory's warm start has the stored config but other weights.
+    """
+    workdir, store = pathlib.Path(workdir), pathlib.Path(store)
+    stored = _stored_identity(store)
+    if stored is None or stored.get("config_hash") != config_hash(config.pretrain):
+        return False
+    warm, kept = workdir / BASELINE, store / BASELINE
+    model = warm / models.MODEL_DIR
+    if (model / "model.safetensors").exists():
+        _refuse_other_weights(weights_fingerprint(model), stored, model, store)
+        return False
+    if not (kept / models.MODEL_DIR / "model.safetensors").exists():
+        return False  # a store from before warm starts were kept: train it here
+    for relative in _warm_start_files(kept):
+        if relative.name != WARM_START_FILE:
+            (warm / relative).parent.mkdir(parents=True, exist_ok=True)
+            _write_atomic_bytes(warm / relative, (kept / relative).read_bytes())
+    return True
+
+
+def sync_store(config: ml_collections.ConfigDict, workdir: pathlib.Path, store: pathlib.Path):
+    """Brings the store up to date with the work directory's warm start (trained, reused or
+    restored by `prepare_warm_start`: its whole folder, weights included, and its fingerprint)
+    and finished runs.
+
+    Raises:
+      ValueError: the store's runs started from a warm start of the same config whose weights
+        differ from this one's (another machine or package versions trained another model):
+        its runs would not pair with new ones. Nothing is written.
+    """
+    workdir, store = pathlib.Path(workdir), pathlib.Path(store)
+    warm, kept = workdir / BASELINE, store / BASELINE
+    identity = {
+        "config_hash": config_hash(config.pretrain),
+        "fingerprint": weights_fingerprint(warm / models.MODEL_DIR),
+    }
+    stored = _stored_identity(store)
+    if stored is not None and stored.get("config_hash") == identity["config_hash"]:
+        _refuse_other_weights(identity["fingerprint"], stored, warm / models.MODEL_DIR, store)
+    for relative in _warm_start_files(warm):
+        data = (warm / relative).read_bytes()
+        target = kept / relative
+        if not target.exists() or target.read_bytes() != data:
+            _write_atomic_bytes(target, data)
+    _write_atomic(kept / WARM_START_FILE, json.dumps(identity, indent=1) + "\n")
+    for spec in run_specs(config):
+        path = finished_file(config, spec, workdir)
+        if path is not None and finished_file(config, spec, store) is None:
+            _write_atomic(_eval_file(run_folder(store, spec), config.eval.split), path.read_text())
 
 
 def _point(config, run, rows, step: int, model_dir, result=None) -> dict[str, Any]:

@@ -15,13 +15,12 @@ The figures show why a method does or does not help, from the metrics every run 
 
 from __future__ import annotations
 
+import json
 import math
 import pathlib
 
 import numpy as np
 from matplotlib.figure import Figure
-
-from gdro_jax.train import read_metrics
 
 FIGURES = (
     "zero_advantage.png",
@@ -35,19 +34,30 @@ FIGURES = (
 ALONG_FIGURE = "along.png"  # drawn when the runs were evaluated along the way
 
 
-def load_logs(workdir: str | pathlib.Path, arms: list[str], seeds: list[int]) -> dict[str, dict]:
-    """Per arm, the step metrics of every seed stacked: name -> float array [seeds, steps(, bins)].
-    Runs of unequal length are cut to the shortest."""
+def load_logs(
+    workdir: str | pathlib.Path, arms: list[str], seeds: list[int], split: str = "test"
+) -> dict[str, dict]:
+    """Per arm, the step metrics of every seed stacked: name -> float array [seeds, steps(, bins)],
+    read from each run's evaluation file on `split` (its compact log, `compact_log`), so a study's
+    store of small files is enough. Runs of unequal length are cut to the shortest."""
     workdir = pathlib.Path(workdir)
     logs: dict[str, dict] = {}
     for arm in arms:
-        runs = [read_metrics(workdir / arm / f"seed_{seed}" / "metrics.jsonl") for seed in seeds]
-        steps = min(len(rows) for rows in runs)
-        names = [n for n in runs[0][0] if not n.startswith("time/")] if steps else []
+        runs = []
+        for seed in seeds:
+            path = workdir / arm / f"seed_{seed}" / f"eval_{split}.json"
+            record = json.loads(path.read_text())
+            if "log" not in record:
+                raise ValueError(
+                    f"{path}: no 'log' (an evaluation file from before runs kept their compact "
+                    "log): rerun the study to rebuild it"
+                )
+            runs.append(record["log"])
+        steps = min(len(log["step"]) for log in runs)
         logs[arm] = {
             # (non-finite values are logged as the strings "nan" and "inf")
-            name: np.asarray([[row[name] for row in rows[:steps]] for rows in runs], np.float64)
-            for name in names
+            name: np.asarray([log[name][:steps] for log in runs], np.float64)
+            for name in runs[0]
         }
     return logs
 
@@ -273,7 +283,7 @@ def draw_figures(summary: dict, workdir: str | pathlib.Path, out: str | pathlib.
     """Draws every figure of the module docstring into `out` (PNG); returns their paths."""
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    logs = load_logs(workdir, summary["arms"], summary["seeds"])
+    logs = load_logs(workdir, summary["arms"], summary["seeds"], summary["split"])
     figures = [
         plot_zero_advantage(logs),
         plot_allocation(logs),
@@ -298,6 +308,47 @@ def _pct(value: float) -> str:
     return "n/a" if value is None or not math.isfinite(value) else f"{100 * value:+.1f} %"
 
 
+def _interval(g: dict | None) -> str:
+    if g is None:
+        return "n/a"
+    return f"{_pct(g['gain'])} [{_pct(g['low'])}, {_pct(g['high'])}]"
+
+
+def _headline(summary: dict, primary_name: str, level: int) -> list[str]:
+    """One row per arm: the primary gain with its interval and power, the pooled pass@1 gain,
+    the groups with a non-zero gradient (after the first pass over the pool), the tokens and the
+    rollouts to the baseline's final frontier pass@1."""
+    base = summary["baseline"]
+    training = summary["training"]
+    along = summary.get("along", {}).get("arms", {})
+    after = training[base]["after_step"]
+    lines = [
+        f"| arm | {primary_name} gain over {base} [{level} %] | detectable "
+        f"| pooled pass@1 gain [{level} %] | groups with a non-zero gradient (steps > {after}) "
+        f"| sampled tokens vs {base} | rollouts to {base}'s final frontier pass@1 |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for arm in summary["arms"]:
+        nonzero = training[arm]["nonzero_gradient_fraction"]["mean"]
+        tokens = _pct(summary["token_ratio"][arm] - 1.0)
+        reached = along.get(arm, {}).get("rollouts_to_baseline_final", "n/a")
+        reached = "not reached" if reached is None else str(reached)
+        if arm == base:
+            cells = ["(baseline)", "", "", f"{nonzero:.3f}", tokens, reached]
+        else:
+            g = summary["primary"].get(arm)
+            cells = [
+                _interval(g),
+                "n/a" if g is None else _pct(g["detectable_gain"]),
+                _interval(summary["secondary"][arm].get("pooled pass@1")),
+                f"{nonzero:.3f}",
+                tokens,
+                reached,
+            ]
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def format_tables(summary: dict) -> str:
     """Markdown: the primary table with intervals and power, per-seed figures, per-level means,
     secondary gains and token costs."""
@@ -315,7 +366,10 @@ def format_tables(summary: dict) -> str:
         if scope == "frontier"
         else "all levels"
     )
-    lines = [
+    lines = []
+    if "training" in summary:
+        lines += [*_headline(summary, primary_name, level), ""]
+    lines += [
         f"Primary metric: relative {metric} gain over `{base}` on {where}, paired by seed, "
         f"paired bootstrap {level} % interval; {len(seeds)} seeds, "
         f"{summary['problems']['frontier']} frontier problems of {summary['problems']['total']} "

@@ -5,6 +5,11 @@ A run is a process of the same command with `--config.only=<arm>/seed_<s>` added
 has a process (and its memory) to itself and a study survives one run failing; with one job,
 or one run left, runs go in this process. Finished runs (their evaluation file carries the
 run's stamp) are never rerun and interrupted ones resume, so the same command continues a study.
+
+With a results folder, each finished run's evaluation file is also kept in its store,
+`<results>/runs/` (committed with the results, `_compare.sync_store`), with the warm start the
+runs started from: on a fresh machine the same command restores that warm start and trains only
+the runs the store lacks, and with nothing to train it collects the tables from the store alone.
 """
 
 from __future__ import annotations
@@ -25,14 +30,18 @@ from gdro_jax.study._compare import (
     RunSpec,
     pending,
     prepare_warm_start,
+    restore_warm_start,
     run_one,
     run_specs,
+    sync_store,
 )
 from gdro_jax.study._report import format_tables
 
+STORE = "runs"  # the store's folder under the results folder
+
 
 def _child_command(command: Sequence[str], spec: RunSpec) -> list[str]:
-    own = [a for a in command if not a.startswith(("--results", "--config.only"))]
+    own = [a for a in command if not a.startswith(("--results_md", "--config.only"))]
     return [*own, f"--config.only={spec.name}"]
 
 
@@ -99,14 +108,22 @@ def run_study(
     workdir = pathlib.Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     specs = run_specs(config)  # checks the arms, seeds and `only` first
-    prepare_warm_start(config, workdir)
+    store = pathlib.Path(results) / STORE if results is not None else None
+    todo = pending(config, workdir, store)
+    unstored = store is not None and bool(pending(config, store))  # finished here, not stored
+    if todo or unstored or store is None or config.only:
+        if store is not None:
+            restore_warm_start(config, workdir, store)  # the stored weights, not retrained
+        prepare_warm_start(config, workdir)
+        if store is not None:
+            sync_store(config, workdir, store)  # refuses a warm start unlike the stored runs'
+    source = store if store is not None else workdir  # where the finished runs are read
     if config.only:
         (spec,) = specs
-        if spec in pending(config, workdir):
-            run_one(config, workdir, spec)
-        print(run_figures(config, workdir, spec))
+        if spec in todo:
+            run_one(config, workdir, spec, store)
+        print(run_figures(config, source, spec))
         return None
-    todo = pending(config, workdir)
     print(f"{len(specs) - len(todo)} of {len(specs)} runs finished; running {len(todo)}")
     if config.jobs > 1 and len(todo) > 1:
         command = command or [sys.executable, "-m", "experiments.compare", *sys.argv[1:]]
@@ -115,8 +132,8 @@ def run_study(
             raise RuntimeError("runs failed:\n" + "\n".join(failures))
     else:
         for spec in todo:
-            run_one(config, workdir, spec)
-            print(run_figures(config, workdir, spec))
-    summary = write_results(config, workdir, results or workdir, results_md)
+            run_one(config, workdir, spec, store)
+            print(run_figures(config, source, spec))
+    summary = write_results(config, source, results or workdir, results_md)
     print(format_tables(summary))
     return summary

@@ -26,6 +26,7 @@ def shrink(config: ml_collections.ConfigDict) -> None:
 
 def get_config() -> ml_collections.ConfigDict:
     config = study.get_config()
+    config.name = "tiny"  # its block in a results file
     config.arms = ml_collections.ConfigDict(
         {"grpo": "method=grpo", "gdro_both": "method=gdro_both"}
     )

@@ -1,14 +1,17 @@
 """The comparison study (`experiments/compare.py`).
 
 - End to end on tiny settings (`_study_config.py`: 2 arms x 2 seeds x 3 steps): every run is
-  trained and evaluated, the results are written, a second pass reruns nothing, and one run
-  deleted and rerun alone in a subprocess with the `--config.only` command reproduces its
-  metrics rows and final parameters bit for bit (the tiny policy scores 0 held out, so its
-  figures cannot show that).
+  trained and evaluated, the results and the store of small files are written, a second pass
+  reruns nothing, a fresh work directory collects the same results from the store alone, a
+  warm start unlike the stored runs' is refused, and one run deleted and rerun alone in a
+  subprocess with the `--config.only` command reproduces its metrics rows, final parameters
+  and stored file bit for bit (the tiny policy scores 0 held out, so its figures cannot show
+  that).
 - `collect`'s arithmetic on fabricated evaluation files: the frontier levels, per-seed figures
   and the primary paired gain, against values computed here by hand.
 """
 
+import hashlib
 import json
 import os
 import pathlib
@@ -37,18 +40,21 @@ def _rows(folder):
     return [{k: v for k, v in row.items() if not k.startswith("time/")} for row in rows]
 
 
+def _files(folder):
+    """Every file under `folder`, relative path -> bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     base = tmp_path_factory.mktemp("study")
     workdir, results = base / "runs", base / "results"
     results_md = base / "RESULTS.md"
-    results_md.write_text(README_BLOCK.format(begin=study.RESULTS_BEGIN, end=study.RESULTS_END))
+    begin, end = study.results_markers(_study_config.get_config().name)
+    results_md.write_text(README_BLOCK.format(begin=begin, end=end))
     config = _study_config.get_config()
-    study.prepare_warm_start(config, workdir)
-    todo = study.pending(config, workdir)
-    for spec in todo:
-        study.run_one(config, workdir, spec)
-    summary = study.write_results(config, workdir, results, results_md)
+    todo = study.pending(config, workdir, results / "runs")
+    summary = study.run_study(config, workdir, results=results, results_md=results_md)
     return dict(
         config=config,
         workdir=workdir,
@@ -108,6 +114,117 @@ def test_the_results_are_written_and_the_markdown_block_replaced(finished):
 
 
 @pytest.mark.slow
+def test_the_store_holds_every_run_its_log_and_the_warm_start(finished):
+    """`<results>/runs/` holds each run's evaluation file (the work directory's, byte for byte,
+    one top-level key per line), whose compact log matches the metrics rows to 5 significant
+    digits, and the warm start's evaluation, frontier and weights fingerprint."""
+    workdir, store = finished["workdir"], finished["results"] / "runs"
+    for spec in finished["todo"]:
+        kept = store / spec.arm / f"seed_{spec.seed}" / "eval_test.json"
+        made = workdir / spec.arm / f"seed_{spec.seed}" / "eval_test.json"
+        assert kept.read_bytes() == made.read_bytes()
+        text = kept.read_text()
+        record = json.loads(text)
+        assert len(text.splitlines()) == len(record) + 2  # "{", a line per key, "}"
+        rows = _rows(workdir / spec.arm / f"seed_{spec.seed}")
+        log = record["log"]
+        assert log["step"] == [1, 2, 3]
+        for name in ("accuracy", "tokens", "nonzero_advantage_fraction", "bin/q", "q_entropy"):
+            want = np.asarray([row[name] for row in rows], np.float64)
+            np.testing.assert_allclose(np.asarray(log[name], np.float64), want, rtol=1e-4)
+        # The decisions after the first pass (48 prompts / 4 a step: past the 3 steps, so the
+        # last step): the groups with a non-zero gradient, by hand.
+        decisions = record["decisions"]
+        assert decisions["after_step"] == 2
+        assert decisions["nonzero_gradient_fraction"] == rows[-1]["nonzero_advantage_fraction"]
+    # The whole warm start folder, weights included, and the weights' fingerprint.
+    warm = _files(store / "warm_start")
+    identity = json.loads(warm.pop("warm_start.json"))
+    assert warm == _files(workdir / "warm_start")
+    assert {"model/model.safetensors", "pretrain.json", "frontier.json", "eval_test.json"} <= set(
+        warm
+    )
+    weights = (workdir / "warm_start" / "model" / "model.safetensors").read_bytes()
+    assert identity["fingerprint"] == hashlib.sha256(weights).hexdigest()
+    training = finished["summary"]["training"]
+    for arm in ("grpo", "gdro_both"):
+        fractions = [
+            json.loads((store / arm / f"seed_{s}" / "eval_test.json").read_text())["decisions"][
+                "nonzero_gradient_fraction"
+            ]
+            for s in (0, 1)
+        ]
+        assert training[arm]["nonzero_gradient_fraction"]["mean"] == pytest.approx(
+            np.mean(fractions)
+        )
+    assert (
+        "groups with a non-zero gradient (steps > 2)"
+        in (finished["results"] / "tables.md").read_text()
+    )
+
+
+@pytest.mark.slow
+def test_a_fresh_workdir_collects_the_same_results_from_the_store_alone(finished, tmp_path):
+    """A new machine with only the committed results: nothing is trained (no warm start), and
+    the summary, tables and figures are rebuilt from the store."""
+    results = tmp_path / "results"
+    shutil.copytree(finished["results"] / "runs", results / "runs")
+    workdir = tmp_path / "runs"
+    summary = study.run_study(finished["config"], workdir, results=results)
+    assert json.loads(json.dumps(summary)) == json.loads(json.dumps(finished["summary"]))
+    assert not (workdir / "warm_start").exists()
+    assert (results / "tables.md").read_text() == (finished["results"] / "tables.md").read_text()
+    for name in (*study.FIGURES, study.ALONG_FIGURE):
+        assert (results / name).stat().st_size > 0, name
+
+
+@pytest.mark.slow
+def test_a_fresh_workdir_starts_from_the_stored_warm_start_and_trains_only_the_missing_run(
+    finished, tmp_path
+):
+    """The stored weights are used, not retrained: here they are changed on purpose (one weight
+    moved, its fingerprint updated), and the rerun run's warm start is the changed file."""
+    results = tmp_path / "results"
+    shutil.copytree(finished["results"] / "runs", results / "runs")
+    kept = results / "runs" / "warm_start"
+    weights_file = kept / "model" / "model.safetensors"
+    weights = safetensors.numpy.load_file(str(weights_file))
+    name = sorted(weights)[0]
+    weights[name] = weights[name] + np.float32(0.5)
+    safetensors.numpy.save_file(weights, str(weights_file))
+    identity = json.loads((kept / "warm_start.json").read_text())
+    identity["fingerprint"] = hashlib.sha256(weights_file.read_bytes()).hexdigest()
+    (kept / "warm_start.json").write_text(json.dumps(identity))
+    shutil.rmtree(results / "runs" / "gdro_both" / "seed_1")
+    workdir = tmp_path / "runs"
+    study.run_study(finished["config"], workdir, results=results)
+    restored = workdir / "warm_start" / "model" / "model.safetensors"
+    assert restored.read_bytes() == weights_file.read_bytes()
+    assert sorted(p.parent.name + "/" + p.name for p in workdir.glob("*/seed_*")) == [
+        "gdro_both/seed_1"
+    ]
+    assert (results / "runs" / "gdro_both" / "seed_1" / "eval_test.json").exists()
+
+
+@pytest.mark.slow
+def test_a_warm_start_unlike_the_stored_runs_is_refused_before_anything_is_written(
+    finished, tmp_path
+):
+    """The store's runs started from other weights of the same config (another machine): the
+    study stops before training or copying anything."""
+    results = tmp_path / "results"
+    shutil.copytree(finished["results"] / "runs", results / "runs")
+    identity_file = results / "runs" / "warm_start" / "warm_start.json"
+    identity = json.loads(identity_file.read_text())
+    identity_file.write_text(json.dumps({**identity, "fingerprint": "0" * 64}))
+    shutil.rmtree(results / "runs" / "grpo" / "seed_1")  # finished in the workdir, not stored
+    before = _files(results)
+    with pytest.raises(ValueError, match="are not those the runs in .* started from"):
+        study.run_study(finished["config"], finished["workdir"], results=results)
+    assert _files(results) == before
+
+
+@pytest.mark.slow
 def test_the_curriculum_notebook_draws_the_tiny_study(finished, monkeypatch):
     monkeypatch.setenv("GDRO_STUDY", str(finished["workdir"]))
     monkeypatch.setenv("GDRO_STUDY_RESULTS", str(finished["results"]))
@@ -118,6 +235,7 @@ def test_the_curriculum_notebook_draws_the_tiny_study(finished, monkeypatch):
 def test_a_second_pass_finds_nothing_to_run_and_a_changed_eval_everything(finished):
     config = finished["config"]
     assert study.pending(config, finished["workdir"]) == []
+    assert study.pending(config, finished["results"] / "runs") == []
     changed = _study_config.get_config()
     changed.eval.seed = 7
     assert len(study.pending(changed, finished["workdir"])) == 4
@@ -131,17 +249,22 @@ def test_a_second_pass_finds_nothing_to_run_and_a_changed_eval_everything(finish
 
 @pytest.mark.slow
 def test_one_run_rerun_alone_reproduces_it_bit_for_bit(finished, tmp_path):
+    """RESULTS.md's command: the run's folder and its stored file deleted, rerun alone."""
     workdir = finished["workdir"]
     folder = workdir / "grpo" / "seed_1"
+    stored = finished["results"] / "runs" / "grpo" / "seed_1" / "eval_test.json"
     kept = tmp_path / "kept"
     shutil.copytree(folder, kept)
+    kept_lines = stored.read_text().splitlines()
     shutil.rmtree(folder)
+    stored.unlink()
     command = [
         sys.executable,
         "-m",
         "experiments.compare",
         "--config=tests/study/_study_config.py",
         f"--workdir={workdir}",
+        f"--results={finished['results']}",
         "--config.only=grpo/seed_1",
     ]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -154,6 +277,11 @@ def test_one_run_rerun_alone_reproduces_it_bit_for_bit(finished, tmp_path):
         assert np.array_equal(params[name], value), name
     record = json.loads((folder / "eval_test.json").read_text())
     assert record["evaluation"] == json.loads((kept / "eval_test.json").read_text())["evaluation"]
+    # The stored file again, every line but the wall-clock seconds (`git diff` shows that one).
+    changed = [
+        (a, b) for a, b in zip(kept_lines, stored.read_text().splitlines(), strict=True) if a != b
+    ]
+    assert [a.split(":")[0] for a, _ in changed] == ['"seconds"']
     assert done.stdout.strip().splitlines()[-1].startswith("grpo/seed_1: frontier pass@2 ")
 
 
@@ -378,3 +506,67 @@ def test_ablations_share_the_study_runs_of_its_arms():
     lagged = study.run_config(config, study.RunSpec("pg_lagged", 0), "warm")
     gdro, _ = configs.build_controllers(lagged, 64)
     assert gdro.init().previous_bins.shape == (lagged.num_prompts,)
+
+
+def test_compact_log_keeps_five_significant_digits_and_the_rows_come_back():
+    rows = [
+        {"step": 1, "accuracy": 0.123456789, "tokens": 1849.0, "bin/q": [1 / 3, 2 / 3],
+         "nonzero_advantage_fraction": "nan", "prompt/ids": [4, 5]},
+        {"step": 2, "accuracy": 98765.4321, "tokens": 2000.0, "bin/q": [0.25, 0.75],
+         "nonzero_advantage_fraction": 0.5, "prompt/ids": [6, 7]},
+    ]  # fmt: skip
+    log = study.compact_log(rows)
+    assert "prompt/ids" not in log  # per-prompt columns are left out
+    assert log["accuracy"] == [0.12346, 98765.0]
+    assert log["bin/q"] == [[0.33333, 0.66667], [0.25, 0.75]]
+    assert log["nonzero_advantage_fraction"] == ["nan", 0.5]
+    assert log["step"] == [1, 2]
+    back = study.log_rows(log)
+    assert [row["step"] for row in back] == [1, 2] and back[1]["bin/q"] == [0.25, 0.75]
+
+
+def test_named_studies_write_their_own_blocks():
+    assert study.results_markers("") == (study.RESULTS_BEGIN, study.RESULTS_END)
+    graded, cliff = study.results_markers("graded"), study.results_markers("cliff")
+    assert len({*graded, *cliff, study.RESULTS_BEGIN, study.RESULTS_END}) == 6
+    assert all("graded" in line for line in graded)
+
+
+def test_what_each_arm_did_in_training_by_hand(tmp_path):
+    """`training` from fabricated logs and decisions: the non-zero-gradient fraction's mean and
+    range over seeds, and the bin occupancy and all-equal share after the first pass (step 1),
+    computed here from the rows; the headline table shows them."""
+    config = _fabricated_study(tmp_path)
+    prompts = {  # bin/prompts of steps 1-3 (3 bins), per arm and seed
+        ("grpo", 0): [[4, 0, 0], [1, 2, 1], [0, 1, 3]],
+        ("grpo", 1): [[2, 2, 0], [0, 0, 4], [2, 2, 0]],
+        ("gdro_both", 0): [[0, 4, 0], [3, 1, 0], [1, 1, 2]],
+        ("gdro_both", 1): [[1, 1, 2], [4, 0, 0], [0, 4, 0]],
+    }
+    nonzero = {("grpo", 0): 0.2, ("grpo", 1): 0.4, ("gdro_both", 0): 0.5, ("gdro_both", 1): 0.9}
+    for (arm, seed), steps in prompts.items():
+        path = tmp_path / arm / f"seed_{seed}" / "eval_test.json"
+        record = json.loads(path.read_text())
+        fractions = [0.1, nonzero[(arm, seed)] - 0.1, nonzero[(arm, seed)] + 0.1]
+        record["log"] = {
+            "step": [1, 2, 3],
+            "bin/prompts": steps,
+            "nonzero_advantage_fraction": fractions,
+        }
+        record["decisions"] = {"after_step": 1, "nonzero_gradient_fraction": nonzero[(arm, seed)]}
+        path.write_text(json.dumps(record))
+    summary = study.collect(config, tmp_path, check_stamps=False)
+    both = summary["training"]["gdro_both"]
+    assert both["after_step"] == 1
+    assert both["nonzero_gradient_fraction"] == pytest.approx({"mean": 0.7, "min": 0.5, "max": 0.9})
+    # Seed 0, steps 2-3: bins hold 4, 2, 2 of 8 -> largest 0.5, middle 0.25; seed 1: 4, 4, 0.
+    assert both["largest_bin_share"]["mean"] == pytest.approx((0.5 + 0.5) / 2)
+    assert both["middle_bins_share"]["mean"] == pytest.approx((2 / 8 + 4 / 8) / 2)
+    assert both["all_equal_share"]["mean"] == pytest.approx(1 - 0.7)
+    grpo = summary["training"]["grpo"]
+    assert grpo["largest_bin_share"]["min"] == pytest.approx(4 / 8)  # seed 0: 1, 3, 4 of 8
+    tables = study.format_tables(summary)
+    header = tables.splitlines()[0]
+    assert "groups with a non-zero gradient (steps > 1)" in header
+    row = next(line for line in tables.splitlines() if line.startswith("| gdro_both | "))
+    assert "| 0.700 |" in row and "+100.0 %" in row  # tokens: twice GRPO's
