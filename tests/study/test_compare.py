@@ -226,8 +226,7 @@ def test_a_warm_start_unlike_the_stored_runs_is_refused_before_anything_is_writt
 
 @pytest.mark.slow
 def test_the_curriculum_notebook_draws_the_tiny_study(finished, monkeypatch):
-    monkeypatch.setenv("GDRO_STUDY", str(finished["workdir"]))
-    monkeypatch.setenv("GDRO_STUDY_RESULTS", str(finished["results"]))
+    monkeypatch.setenv("GDRO_STUDIES", f"tiny={finished['results']}")
     execute_notebook(pathlib.Path(ROOT) / "notebooks" / "curriculum.py")
 
 
