@@ -33,6 +33,12 @@ _RESULTS = flags.DEFINE_string(
 _RESULTS_MD = flags.DEFINE_string(
     "results_md", None, "A markdown file whose marked results block is replaced by the tables."
 )
+_STORE = flags.DEFINE_bool(
+    "store",
+    True,
+    "With --results: keep each finished run and the warm start in <results>/runs/ and resume "
+    "from there (--nostore: the summary, tables and figures only).",
+)
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -40,7 +46,11 @@ def main(argv):
     del argv
     try:
         study.run_study(
-            _CONFIG.value, _WORKDIR.value, results=_RESULTS.value, results_md=_RESULTS_MD.value
+            _CONFIG.value,
+            _WORKDIR.value,
+            results=_RESULTS.value,
+            results_md=_RESULTS_MD.value,
+            store=_STORE.value,
         )
     except RuntimeError as failed:  # some runs failed: their logs' tails are in the message
         print(failed, file=sys.stderr)

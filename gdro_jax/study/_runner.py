@@ -85,6 +85,7 @@ def run_study(
     results: str | pathlib.Path | None = None,
     results_md: str | pathlib.Path | None = None,
     command: Sequence[str] | None = None,
+    store: bool = True,
 ) -> dict[str, Any] | None:
     """Runs a study (or, with `config.only`, one run of it) and writes its results.
 
@@ -96,6 +97,10 @@ def run_study(
       command: the command that runs this study (`python -m experiments.compare ...`); each
         child process runs it with `--config.only=<arm>/seed_<s>` added. Default: this
         process's own command line.
+      store: with `results`, keep each finished run's evaluation file and the warm start in
+        `<results>/runs/` (to commit), resume from there, and collect from there. False: the
+        results folder gets the summary, tables and figures only (e.g. a validation reference
+        of runs whose store is another study's).
 
     Returns:
       The collected summary (`collect`), or None for one run (`config.only`), whose held-out
@@ -108,7 +113,7 @@ def run_study(
     workdir = pathlib.Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     specs = run_specs(config)  # checks the arms, seeds and `only` first
-    store = pathlib.Path(results) / STORE if results is not None else None
+    store = pathlib.Path(results) / STORE if results is not None and store else None
     todo = pending(config, workdir, store)
     unstored = store is not None and bool(pending(config, store))  # finished here, not stored
     if todo or unstored or store is None or config.only:

@@ -179,6 +179,15 @@ def test_a_fresh_workdir_collects_the_same_results_from_the_store_alone(finished
 
 
 @pytest.mark.slow
+def test_without_a_store_the_results_folder_gets_the_summary_only(finished, tmp_path):
+    summary = study.run_study(
+        finished["config"], finished["workdir"], results=tmp_path, store=False
+    )
+    assert json.loads(json.dumps(summary)) == json.loads(json.dumps(finished["summary"]))
+    assert not (tmp_path / "runs").exists() and (tmp_path / "study.json").exists()
+
+
+@pytest.mark.slow
 def test_a_fresh_workdir_starts_from_the_stored_warm_start_and_trains_only_the_missing_run(
     finished, tmp_path
 ):
