@@ -3,19 +3,26 @@
 - Library INFO logging (orbax's checkpoint chatter, jax's backend probing, absl) stays off the
   console, so progress bars, tables and warnings are what a person sees; `--verbosity=0` brings
   INFO back.
-- A user error (a config file that does not exist, a `--config.X` override of a field the
-  config does not have, a `--workdir` that is a file, a config field the library refuses with a
-  ValueError) is one line on stderr and exit status 2, raised before anything is written;
-  `GDRO_DEBUG=1` or `--verbosity=1` shows the traceback instead.
+- A usage error (a config file that does not exist, a `--config.X` override of a field the
+  config does not have or of the wrong type, a required flag left out, an unknown flag, a
+  `--workdir` that is a file, a config field the library refuses with a ValueError) is one line
+  on stderr, `error: ...` naming the flag or field, the value and the fix, and exit status 2 (the
+  Unix convention for usage errors), raised before anything is written; `GDRO_DEBUG=1` or
+  `--verbosity=1` shows the traceback of a library error instead.
+- `--help` (and `-h`) prints the entry point's help from the config schema (`_help`) and exits
+  0; `--helpfull` keeps absl's full list of every library's flags.
 """
 
 import importlib.util
 import os
 import re
 import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from absl import app, flags, logging
 
+from experiments import _help
 from gdro_jax import configs, runtime
 
 DEBUG_ENV = "GDRO_DEBUG"
@@ -23,6 +30,18 @@ DEBUG_ENV = "GDRO_DEBUG"
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError)
 # Flags naming an output folder: an existing file there is refused before anything runs.
 OUTPUT_FLAGS = ("workdir", "out")
+HELP_FLAGS = ("--help", "-h", "--helpshort", "-?")
+# Where the help of a study's or the demo's config fields comes from: its RL and warm-start blocks.
+STUDY_SCHEMAS = {"train.": configs.run_schema, "pretrain.": configs.pretrain_schema}
+
+
+def _sim_schema():
+    from gdro_jax import sim
+
+    return configs.from_dataclass(sim.SimConfig)
+
+
+SIM_SCHEMAS = {"": _sim_schema}
 
 
 def quiet_logging() -> None:
@@ -96,16 +115,19 @@ def _check_outputs() -> None:
 
 
 def define_process_flags() -> None:
-    """Defines the flags that join a run of several processes (`join_processes` reads them)."""
+    """Defines the flags that join a run of several processes (`join_processes` reads them),
+    under their own heading in the help."""
+    heading = dict(module_name=_help.PROCESS_FLAGS)
     flags.DEFINE_string(
-        "coordinator_address",
-        None,
-        "Several processes: process 0's host:port (with the two below).",
+        "coordinator_address", None, "Process 0's host:port (with the two below).", **heading
     )
-    flags.DEFINE_integer("num_processes", None, "Several processes: how many.")
-    flags.DEFINE_integer("process_id", None, "Several processes: this one's index.")
+    flags.DEFINE_integer("num_processes", None, "How many processes.", **heading)
+    flags.DEFINE_integer("process_id", None, "This process's index.", **heading)
     flags.DEFINE_bool(
-        "distributed", False, "Several processes, found by JAX (SLURM, Open MPI, Cloud TPU, GKE)."
+        "distributed",
+        False,
+        "Let JAX find the processes (SLURM, Open MPI, Cloud TPU, GKE).",
+        **heading,
     )
 
 
@@ -121,18 +143,72 @@ def join_processes() -> bool:
     )
 
 
-def run(main) -> None:
-    """`absl.app.run(main)` with a quiet console and one-line user errors (see the module doc)."""
+def _example_value(doc: str | None, name: str) -> str | None:
+    """The value the docstring's example command gives `--<name>`."""
+    match = re.search(rf"--{name}=(\S+)", _help.example_command(doc) or "")
+    return match[1] if match else None
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+    """absl's flag parsing, with its errors (an unknown flag, a value of the wrong type) as one
+    `error:` line and exit status 2 instead of absl's FATAL message and status 1."""
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as error:
+        _fail(f"{error}; --help lists the flags and config fields", traceback=False)
+
+
+def _print_help(doc, files, required, schemas) -> None:
+    config, config_file = None, None
+    if "--config" in files:
+        config_file = files["--config"]
+        config = _load_config(config_file)
+    elif schemas and "" in schemas:
+        config = configs.config_from_schema(schemas[""]())
+    text = _help.help_text(
+        doc, required=required, config=config, config_file=config_file, schemas=schemas
+    )
+    print(text)
+
+
+def run(
+    main,
+    *,
+    required: Sequence[str] = (),
+    schemas: Mapping[str, Callable[[], Mapping[str, Any]]] | None = None,
+) -> None:
+    """`absl.app.run(main)` with a quiet console, one-line usage errors and `--help` from the
+    schema (see the module doc).
+
+    Args:
+      main: the entry point's main.
+      required: flags that must be given (checked after parsing: one `error:` line, status 2).
+      schemas: where the help of the config's fields comes from: `{"": configs.run_schema}` for
+        a run config, `{"train.": ..., "pretrain.": ...}` for a study config's blocks.
+    """
+    doc = sys.modules["__main__"].__doc__
+    argv = sys.argv[1:]
     # Checked before absl parses the flags: its own errors are long chained tracebacks.
-    files = dict(_config_files(sys.argv[1:]))
+    files = dict(_config_files(argv))
     for name, value in files.items():
         path = value.split(":", 1)[0]
         if not os.path.isfile(path):
-            _fail(f"{name}={path}: no such config file (paths are relative to {os.getcwd()})")
-    _check_overrides(sys.argv[1:], files)
+            _fail(
+                f"{name}={path}: no such config file (paths are relative to {os.getcwd()})",
+                traceback=False,
+            )
+    if any(arg in HELP_FLAGS for arg in argv):
+        _print_help(doc, files, required, schemas)
+        sys.exit(0)
+    _check_overrides(argv, files)
 
     def guarded_main(argv):
         quiet_logging()
+        for name in required:
+            if flags.FLAGS[name].value is None:
+                example = _example_value(doc, name)
+                fix = f"e.g. --{name}={example}" if example else "--help shows an example"
+                _fail(f"--{name} is missing: {flags.FLAGS[name].help} ({fix})", traceback=False)
         _check_outputs()
         try:
             return main(argv)
@@ -141,4 +217,4 @@ def run(main) -> None:
                 raise
             _fail(str(error))
 
-    app.run(guarded_main)
+    app.run(guarded_main, flags_parser=_parse_flags)

@@ -39,7 +39,6 @@ _STORE = flags.DEFINE_bool(
     "With --results: keep each finished run and the warm start in <results>/runs/ and resume "
     "from there (--nostore: the summary, tables and figures only).",
 )
-flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
@@ -58,4 +57,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    _cli.run(main)
+    _cli.run(main, required=("config", "workdir"), schemas=_cli.STUDY_SCHEMAS)

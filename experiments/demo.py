@@ -12,7 +12,6 @@ from gdro_jax.study import run_demo
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Demo config file.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Folder for every run, the table and the plots.")
-flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
@@ -21,4 +20,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    _cli.run(main)
+    _cli.run(main, required=("config", "workdir"), schemas=_cli.STUDY_SCHEMAS)

@@ -38,9 +38,6 @@ _PASSED += ("grader_timeout_s", "bins_from", "bin_field", "chat_template")
 
 
 def main(_):
-    # Checked here, not marked required: other entry points parse their flags in one process.
-    if missing := [name for name in ("policy", "out") if not F.FLAGS[name].value]:
-        raise ValueError(f"--{missing[0]} is required (python -m experiments.evaluate --help)")
     _cli.join_processes()  # before any device is touched
     values = {name: F.FLAGS[name].value for name in F.FLAGS}
     sampling = {name: values[name] for name in evaluation_lib.SAMPLING_FLAGS}
@@ -54,4 +51,4 @@ def main(_):
 
 
 if __name__ == "__main__":
-    _cli.run(main)
+    _cli.run(main, required=("policy", "out"))

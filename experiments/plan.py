@@ -19,14 +19,12 @@ import math
 import os
 import sys
 
-from absl import flags
 from ml_collections import config_flags
 
 from experiments import _cli
-from gdro_jax import planner
+from gdro_jax import configs, planner
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file.")
-flags.mark_flags_as_required(["config"])
 _DEVICE_COUNT = "--xla_force_host_platform_device_count"
 
 
@@ -50,4 +48,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    _cli.run(main)
+    _cli.run(main, required=("config",), schemas={"": configs.run_schema})

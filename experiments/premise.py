@@ -23,7 +23,6 @@ _WARM = flags.DEFINE_list("warm_starts", None, "Each profile's warm-start folder
 _PILOTS = flags.DEFINE_list("pilots", None, "Each profile's GRPO pilot workdir.")
 _AFTER = flags.DEFINE_integer("after_step", 30, "Count pilot steps after this one.")
 _OUT = flags.DEFINE_string("out", None, "Folder for criteria.json and premise.png.")
-flags.mark_flags_as_required(["profiles", "warm_starts", "pilots", "out"])
 
 
 def main(argv):
@@ -48,4 +47,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    _cli.run(main)
+    _cli.run(main, required=("profiles", "warm_starts", "pilots", "out"))

@@ -11,11 +11,11 @@ from absl import flags
 from ml_collections import config_flags
 
 from experiments import _cli
+from gdro_jax import configs
 from gdro_jax.warmstart import pretrain
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Warm-start config file.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Folder for the model, tokenizer and metrics.")
-flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
@@ -24,4 +24,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    _cli.run(main)
+    _cli.run(main, required=("config", "workdir"), schemas={"": configs.pretrain_schema})

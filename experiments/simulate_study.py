@@ -15,7 +15,6 @@ from gdro_jax.sim import simulate_study
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Simulation config file.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Folder for the fit, arrays, plots and tables.")
-flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
@@ -24,4 +23,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    _cli.run(main)
+    _cli.run(main, required=("config", "workdir"), schemas=_cli.SIM_SCHEMAS)

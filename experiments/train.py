@@ -1,4 +1,4 @@
-"""RL post-training on the chain task: GRPO, Prompt-GDRO, Rollout-GDRO, or both.
+"""RL post-training of a policy with GRPO, the GDRO adversaries or the field's methods.
 
     python -m experiments.train --config=experiments/configs/tiny_cpu.py --workdir=runs/grpo \
         --config.method=gdro_both --config.steps=60 --config.seed=0 \
@@ -22,14 +22,13 @@ from absl import flags, logging
 from ml_collections import config_flags
 
 from experiments import _cli
-from gdro_jax import runtime, train
+from gdro_jax import configs, runtime, train
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file.")
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Folder for metrics, checkpoints, TensorBoard and summaries; resumed if set."
 )
 _cli.define_process_flags()
-flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
@@ -46,4 +45,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    _cli.run(main)
+    _cli.run(main, required=("config", "workdir"), schemas={"": configs.run_schema})

@@ -54,6 +54,9 @@ def _one_line_error(completed, *fragments):
         ),
         ((*SIM, "--config.prompt_gdro.etaa=1.0"), ("no field 'etaa'", "did you mean eta?")),
         ((*TRAIN, "--config.steps.more=3"), ("config.steps is a value, not a block",)),
+        ((*TRAIN, "--config.steps=abc"), ("--config.steps=abc", "int", "--help")),
+        ((*TRAIN, "--bogus=1"), ("Unknown command line flag 'bogus'", "--help")),
+        (("experiments.train",), ("--config is missing", "--config=experiments/configs/")),
     ],
     ids=[
         "unknown-method",
@@ -63,6 +66,9 @@ def _one_line_error(completed, *fragments):
         "misspelt-field",
         "misspelt-sim-field",
         "field-of-a-value",
+        "a-value-of-the-wrong-type",
+        "unknown-flag",
+        "missing-config",
     ],
 )
 def test_a_refused_command_writes_nothing(tmp_path, argv, fragments):
@@ -70,6 +76,28 @@ def test_a_refused_command_writes_nothing(tmp_path, argv, fragments):
     completed = _run(argv[0], *argv[1:], f"--workdir={workdir}")
     _one_line_error(completed, *fragments)
     assert not workdir.exists()
+
+
+# Every entry point without its required output flag (the others given): one line naming the
+# flag, its help and an example value, status 2.
+MISSING_OUTPUT = {
+    "experiments.train": (TRAIN[1], "--workdir"),
+    "experiments.pretrain": ("--config=experiments/configs/pretrain_tiny.py", "--workdir"),
+    "experiments.compare": ("--config=experiments/configs/study.py", "--workdir"),
+    "experiments.demo": ("--config=experiments/configs/demo.py", "--workdir"),
+    "experiments.simulate_controllers": (SIM[1], "--workdir"),
+    "experiments.simulate_study": ("--config=experiments/configs/sim_study.py", "--workdir"),
+    "experiments.evaluate": ("--policy=runs/grpo", "--out"),
+    "experiments.plan": ("", "--config"),
+    "experiments.premise": ("--profiles=cliff --warm_starts=a --pilots=b", "--out"),
+}
+
+
+@pytest.mark.parametrize("module", sorted(MISSING_OUTPUT))
+def test_a_missing_required_flag_is_one_line_with_an_example(module):
+    given, missing = MISSING_OUTPUT[module]
+    completed = _run(module, *given.split())
+    _one_line_error(completed, f"{missing} is missing", f"e.g. {missing}=")
 
 
 @pytest.mark.parametrize("argv", [TRAIN, SIM], ids=["train", "simulate"])

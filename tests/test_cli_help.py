@@ -1,0 +1,149 @@
+"""`--help` of every entry point, as a person reads it: exit status 0, a usage line with a real
+example, the entry point's own flags, and the config's fields with their defaults and help,
+without the flags of the libraries (absltest's, chex's, grain's: `--helpfull` keeps those).
+
+Each case runs the real command in a subprocess.
+"""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from experiments.configs import tiny_cpu
+from gdro_jax import controllers
+
+ROOT = Path(__file__).resolve().parents[1]
+ENTRY_POINTS = (
+    "compare",
+    "demo",
+    "evaluate",
+    "plan",
+    "premise",
+    "pretrain",
+    "simulate_controllers",
+    "simulate_study",
+    "train",
+)
+# Flags of the libraries an entry point imports (absltest through chex, grain's own).
+FOREIGN = ("--test_srcdir", "--test_tmpdir", "--xml_output_file", "--chex_", "--grain_")
+
+
+def _help(module, *argv):
+    completed = subprocess.run(
+        [sys.executable, "-m", f"experiments.{module}", *argv, "--help"],
+        cwd=ROOT,
+        env=dict(os.environ, JAX_PLATFORMS="cpu"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    return completed.stdout
+
+
+def _leaves(config, prefix=""):
+    for name, value in config.items():
+        if hasattr(value, "items"):
+            yield from _leaves(value, f"{prefix}{name}.")
+        else:
+            yield f"{prefix}{name}", value
+
+
+@pytest.mark.parametrize("module", ENTRY_POINTS)
+def test_help_exits_0_with_a_usage_line_an_example_and_no_library_flags(module):
+    text = _help(module)
+    lines = text.splitlines()
+    assert lines[0].startswith(f"usage: python -m experiments.{module} ")
+    assert lines[1].startswith(f"example: python -m experiments.{module} --")
+    assert "  " not in lines[1].removeprefix("example: ")  # continuations joined, not collapsed
+    for flag in FOREIGN:
+        assert flag not in text, flag
+    assert "experiments._cli" not in text
+
+
+def _shown(value):
+    """How the help writes a default: strings bare (quoted when empty), tuples `(a,b)`."""
+    if isinstance(value, str):
+        return repr(value) if not value or " " in value else value
+    if isinstance(value, tuple):
+        return "(" + ",".join(_shown(v) for v in value) + ("," if len(value) == 1 else "") + ")"
+    return str(value)
+
+
+def _packed(lines):
+    """`{block: its packed text}` of the blocks listed `name=default` only."""
+    packed, block = {}, None
+    for line in lines:
+        match = re.match(r"^  (\w+) \(used with [^)]*\): (.*)$", line)
+        if match:
+            block = match[1]
+            packed[block] = match[2]
+        elif block and line.startswith("      "):
+            packed[block] += " " + line.strip()
+        else:
+            block = None
+    return packed
+
+
+def test_train_help_lists_every_field_of_tiny_cpu_with_its_default_in_a_screenful():
+    text = _help("train", "--config=experiments/configs/tiny_cpu.py")
+    lines = text.splitlines()
+    assert len(lines) <= 125
+    assert "the defaults of experiments/configs/tiny_cpu.py" in text
+    packed = _packed(lines)
+    assert {"knapsack", "mopps", "math"} <= set(packed)  # tiny_cpu runs GRPO on the chain task
+    described, block = set(), ""
+    for line in lines[lines.index(next(x for x in lines if x.startswith("config fields"))) + 1 :]:
+        if re.match(r"^  \w+:$", line):
+            block = line.strip()[:-1] + "."
+        elif re.match(r"^  \w", line):
+            block = ""
+        if re.match(r"^ {2,4}\w+=", line):
+            described.add(block + line.split()[0] if line.startswith("    ") else line.split()[0])
+    config = tiny_cpu.get_config()
+    for name, value in _leaves(config):
+        block, _, field = name.rpartition(".")
+        if block in packed:
+            assert f"{field}={_shown(value)}" in packed[block].split(), name
+        else:
+            assert f"{name}={_shown(value)}" in described, name
+    assert re.search(rf"^  steps={config.steps} +RL steps", text, re.M)
+    # The own flags, and the multi-process ones under a heading that says what they are.
+    assert "  --workdir  " in text and "several processes (hosts):" in text
+
+
+@pytest.mark.parametrize(
+    ("module", "argv", "field"),
+    [
+        ("train", (), "method"),
+        ("plan", (), "method"),
+        ("compare", ("--config=experiments/configs/study.py",), "method"),
+        ("demo", ("--config=experiments/configs/demo.py",), "method"),
+    ],
+)
+def test_the_method_field_lists_its_choices(module, argv, field):
+    text = _help(module, *argv)
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith(f"{field}="))
+    line = lines[at]
+    for more in lines[at + 1 :]:  # its help's continuation lines
+        if not more.startswith(" " * 20):
+            break
+        line += " " + more.strip()
+    for method in controllers.METHODS:
+        assert method in line, (method, line)
+
+
+def test_helpfull_keeps_absls_full_list():
+    completed = subprocess.run(
+        [sys.executable, "-m", "experiments.train", "--helpfull"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert "absl.flags:" in completed.stdout + completed.stderr
