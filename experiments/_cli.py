@@ -16,6 +16,7 @@
 import importlib.util
 import os
 import re
+import shlex
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -141,6 +142,14 @@ def join_processes() -> bool:
         values.process_id,
         auto=values.distributed,
     )
+
+
+def command_line() -> str:
+    """The command that is running, as a person would type it again
+    (`python -m experiments.train --config=... --workdir=...`)."""
+    module = _help.program_name()
+    program = ["python", "-m", module] if module else ["python", sys.argv[0]]
+    return shlex.join([*program, *sys.argv[1:]])
 
 
 def _example_value(doc: str | None, name: str) -> str | None:

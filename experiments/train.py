@@ -18,7 +18,7 @@ SLURM job with several tasks nothing needs adding (docs/scaling.md: "Several hos
 
 import sys
 
-from absl import flags, logging
+from absl import flags
 from ml_collections import config_flags
 
 from experiments import _cli
@@ -38,7 +38,9 @@ def main(argv):
     try:
         result = train.train(_CONFIG.value, _WORKDIR.value)
     except train.TrainingInterrupted as stop:
-        logging.warning("%s", stop)
+        if runtime.is_primary():
+            print(stop, file=sys.stderr)
+            print(f"to resume, run the same command again: {_cli.command_line()}", file=sys.stderr)
         sys.exit(128 + stop.signum)
     if runtime.is_primary():
         print(train.describe_outputs(result, _WORKDIR.value))

@@ -6,6 +6,7 @@ collectives between processes, and the mesh convention.
   `broadcast_from_primary`, `from_primary`, `gather`: plain local operations with one process.
 - `run_mesh`, `mesh_shape`, `batch_sharding`, `constrain_batch`: `data` x `fsdp` x `tensor`
   meshes, None for one device; batches on `data` x `fsdp`.
+- `notice`, `logging_above_bars`: lines for a person printed above progress bars, not inside.
 """
 
 from gdro_jax.runtime._collectives import (
@@ -18,6 +19,7 @@ from gdro_jax.runtime._collectives import (
     replicate,
     to_host,
 )
+from gdro_jax.runtime._console import logging_above_bars, notice
 from gdro_jax.runtime._distributed import initialize
 from gdro_jax.runtime._meshes import batch_sharding, constrain_batch, mesh_shape, run_mesh
 
@@ -31,7 +33,9 @@ __all__ = [
     "global_array",
     "initialize",
     "is_primary",
+    "logging_above_bars",
     "mesh_shape",
+    "notice",
     "replicate",
     "run_mesh",
     "to_host",

@@ -23,7 +23,14 @@ from jax.sharding import PartitionSpec as P
 from tqdm.auto import tqdm
 
 from gdro_jax import checkpoint, configs, models, step
-from gdro_jax.runtime import agreed_signal, global_array, is_primary, to_host
+from gdro_jax.runtime import (
+    agreed_signal,
+    global_array,
+    is_primary,
+    logging_above_bars,
+    notice,
+    to_host,
+)
 from gdro_jax.tasks import RewardFn
 from gdro_jax.train._preemption import TrainingInterrupted, stop_on_signals
 from gdro_jax.train._resume import open_checkpoints, resume
@@ -193,16 +200,18 @@ def _train_loop(run: Run, workdir, *, manager=None, resumed: checkpoint.Checkpoi
     step_times: list[dict[str, float]] = []
     history: list[dict[str, Any]] = []
     writer = None
+    if resumed is not None and start < settings.steps and is_primary():
+        notice(_resume_line(workdir, resumed, settings.steps))
     bar = tqdm(
-        range(start, settings.steps),
         initial=min(start, settings.steps),
         total=settings.steps,
         desc=settings.method.name,
         disable=not settings.progress,
     )
     try:
-        with stop_on_signals() as stop:
-            for step_index in bar:
+        with stop_on_signals() as stop, logging_above_bars():
+            for step_index in range(start, settings.steps):
+                stop.step = step_index + 1
                 prompt_ids = next(run.prompt_batches)
                 state, metrics, times = run_step(run, state, prompt_ids)
                 metrics = dict(metrics, **{f"time/{k}": v for k, v in times.items()})
@@ -227,13 +236,25 @@ def _train_loop(run: Run, workdir, *, manager=None, resumed: checkpoint.Checkpoi
                 path = None
                 if manager is not None and ((step_index + 1) % every_steps == 0 or last or signum):
                     path = _save(manager, run, state, writer.size())
+                bar.update(1)  # the step is done (and saved): the bar, notices and checkpoint agree
                 if signum is not None and not last:
-                    raise TrainingInterrupted(step_index + 1, signum, path)
+                    raise TrainingInterrupted(step_index + 1, signum, path, settings.steps)
     finally:
         bar.close()
         if writer is not None:
             writer.close()
     return state, history, step_times
+
+
+def _resume_line(workdir, resumed: checkpoint.Checkpoint, steps: int) -> str:
+    """One line before the bar of a resumed run: from which step, of how many, from where."""
+    saved = resumed.meta.get("config", {}).get("steps")
+    if isinstance(saved, int) and resumed.step >= saved and steps > saved:
+        return (
+            f"extending the finished run in {workdir} from {saved} to {steps} steps "
+            f"(checkpoint {resumed.path})"
+        )
+    return f"resuming the run in {workdir} from step {resumed.step} of {steps} ({resumed.path})"
 
 
 SNAPSHOT_DIR = "snapshots"

@@ -8,9 +8,10 @@ status 128 + the signal number.
 from __future__ import annotations
 
 import contextlib
-import logging
 import signal
 import threading
+
+from gdro_jax.runtime import notice
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -22,25 +23,23 @@ class TrainingInterrupted(KeyboardInterrupt):
       step: the completed steps when it stopped.
       signum: the signal received.
       path: the checkpoint saved at `step`, or None when checkpoints are disabled.
+      steps: the run's `config.steps` (None when not given).
     """
 
-    def __init__(self, step: int, signum: int, path: str | None):
-        where = (
-            f"checkpoint saved in {path}; run again with the same workdir to resume"
-            if path
-            else "checkpoints are disabled, so nothing was saved"
-        )
-        super().__init__(
-            f"{signal.Signals(signum).name} received: stopped after step {step}; {where}"
-        )
-        self.step, self.signum, self.path = step, signum, path
+    def __init__(self, step: int, signum: int, path: str | None, steps: int | None = None):
+        of = f" of {steps}" if steps is not None else ""
+        where = f"checkpoint saved in {path}" if path else "checkpoints are disabled: nothing saved"
+        super().__init__(f"{signal.Signals(signum).name}: stopped after step {step}{of}; {where}")
+        self.step, self.signum, self.path, self.steps = step, signum, path, steps
 
 
 class StopRequest:
-    """Set by `stop_on_signals`: `signum` is the first stop signal received, else None."""
+    """Set by `stop_on_signals`: `signum` is the first stop signal received, else None. The loop
+    sets `step`, the step in flight, which the notice names."""
 
     def __init__(self):
         self.signum: int | None = None
+        self.step: int | None = None
 
 
 @contextlib.contextmanager
@@ -63,10 +62,10 @@ def stop_on_signals(signums: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)):
         if request.signum is not None:
             raise KeyboardInterrupt(f"{signal.Signals(signum).name} received twice")
         request.signum = signum
-        logging.warning(
-            "%s received: finishing the current step and saving a checkpoint (send it again to "
-            "stop at once)",
-            signal.Signals(signum).name,
+        step = f"step {request.step}" if request.step is not None else "the current step"
+        notice(
+            f"{signal.Signals(signum).name} received: finishing {step} and saving a checkpoint "
+            "(send it again to stop at once)"
         )
 
     previous = {signum: signal.signal(signum, handler) for signum in signums}

@@ -246,7 +246,8 @@ def test_sigkill_inside_a_checkpoint_write_resumes_from_the_last_complete_one(ru
 def test_sigterm_saves_the_step_reached_and_exits_cleanly(runs):
     rc, log = runs["phase3"]["sigterm"]
     assert rc == 128 + signal.SIGTERM, log[-3000:]
-    assert "SIGTERM received: stopped after step 6" in log
+    assert "SIGTERM: stopped after step 6 of " in log
+    assert log.rstrip().splitlines()[-1].startswith("to resume, run the same command again: ")
     assert "Traceback" not in log
     assert runs["sigterm_after_term"] == ["4", "6"], "saved on the signal, not by the cadence"
     rc, log = runs["phase4"]["sigterm"]
