@@ -24,7 +24,7 @@ from typing import Any
 from absl import app, flags, logging
 
 from experiments import _help
-from gdro_jax import configs, runtime
+from gdro_jax import configs, runtime, sim
 
 DEBUG_ENV = "GDRO_DEBUG"
 # What the library raises for bad input (it names the field, the value and the fix).
@@ -37,12 +37,10 @@ STUDY_SCHEMAS = {"train.": configs.run_schema, "pretrain.": configs.pretrain_sch
 
 
 def _sim_schema():
-    from gdro_jax import sim
-
     return configs.from_dataclass(sim.SimConfig)
 
 
-SIM_SCHEMAS = {"": _sim_schema}
+SIM_SCHEMAS = {"": _sim_schema}  # the simulator's config: `sim.SimConfig`'s fields
 
 
 def quiet_logging() -> None:
