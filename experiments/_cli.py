@@ -15,6 +15,7 @@
 
 import importlib.util
 import os
+import pathlib
 import re
 import shlex
 import sys
@@ -24,7 +25,7 @@ from typing import Any
 from absl import app, flags, logging
 
 from experiments import _help
-from gdro_jax import configs, runtime, sim
+from gdro_jax import configs, planner, runtime, sim
 
 DEBUG_ENV = "GDRO_DEBUG"
 # What the library raises for bad input (it names the field, the value and the fix).
@@ -140,6 +141,32 @@ def join_processes() -> bool:
         values.process_id,
         auto=values.distributed,
     )
+
+
+def wrote(folder, files: Mapping[str, str], *, more: bool = True) -> str:
+    """The closing lines of a command: the folder it wrote, and the files a person opens first
+    with what each holds and its size (those that exist), then how many other files it holds.
+
+        Wrote runs/grpo_eval/:
+          report.md          the table above, in Markdown (1.9 KiB)
+          completions.jsonl  every completion, its answer and verdict (1.20 MiB)
+    """
+    folder = pathlib.Path(folder)
+    shown = {name: what for name, what in files.items() if (folder / name).exists()}
+    width = max((len(name) for name in shown), default=0) + 2
+    lines = [f"Wrote {folder}/:"]
+    for name, what in shown.items():
+        path = folder / name
+        size = (
+            sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+            if path.is_dir()
+            else (path.stat().st_size)
+        )
+        lines.append(f"  {name:<{width}}{what} ({planner.format_size(size)})")
+    others = [p for p in folder.iterdir() if p.name not in shown] if folder.is_dir() else []
+    if more and others:
+        lines.append(f"  and {len(others)} more: {', '.join(sorted(p.name for p in others))}")
+    return "\n".join(lines)
 
 
 def command_line() -> str:

@@ -33,6 +33,12 @@ _RESULTS = flags.DEFINE_string(
 _RESULTS_MD = flags.DEFINE_string(
     "results_md", None, "A markdown file whose marked results block is replaced by the tables."
 )
+OUTPUTS = {
+    "tables.md": "the tables above",
+    "heldout.png": "held-out pass@k per level and the primary gains with intervals",
+    "study.json": "every figure, per seed",
+    "runs": "the store: each finished run's file and the warm start (commit it)",
+}
 _STORE = flags.DEFINE_bool(
     "store",
     True,
@@ -51,6 +57,8 @@ def main(argv):
             results_md=_RESULTS_MD.value,
             store=_STORE.value,
         )
+        if not _CONFIG.value.only:
+            print(_cli.wrote(_RESULTS.value or _WORKDIR.value, OUTPUTS))
     except RuntimeError as failed:  # some runs failed: their logs' tails are in the message
         print(failed, file=sys.stderr)
         sys.exit(1)

@@ -17,6 +17,12 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Folder for every run, the table
 def main(argv):
     del argv
     run_demo(_CONFIG.value, _WORKDIR.value)
+    files = {
+        "table.txt": "the held-out table above",
+        "curriculum.png": "what each method's controllers did",
+        "results.json": "every figure",
+    }
+    print(_cli.wrote(_WORKDIR.value, files))
 
 
 if __name__ == "__main__":

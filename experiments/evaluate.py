@@ -9,8 +9,6 @@ plus `--coordinator_address`, `--num_processes` and `--process_id`, or `--distri
 first device and host; process 0 writes the output folder, the same files one process writes.
 """
 
-import os
-
 from absl import flags as F
 
 from experiments import _cli
@@ -33,6 +31,11 @@ F.DEFINE_bool("chat_template", True, "Math only: wrap prompts in the chat templa
 F.DEFINE_enum("dtype", "auto", evaluation_lib.DTYPES, "HF weights; auto: f32 on CPU, else bf16.")
 F.DEFINE_bool("save_completions", True, "Write completions.jsonl: texts, answers, verdicts.")
 _cli.define_process_flags()
+OUTPUTS = {
+    "report.md": "the table above, in Markdown",
+    "report.json": "every figure, per level or benchmark, with intervals",
+    "completions.jsonl": "every completion with its answer and verdict",
+}
 _PASSED = ("benchmarks", "limit", "dtype", "save_completions", "data_dir", "num_workers")
 _PASSED += ("grader_timeout_s", "bins_from", "bin_field", "chat_template")
 
@@ -47,7 +50,8 @@ def main(_):
         **{name: values[name] for name in _PASSED},
     )  # fmt: skip
     if runtime.is_primary():  # process 0 writes and prints
-        print(report.to_markdown(), f"\nWritten to {values['out']}: {os.listdir(values['out'])}")
+        print(report.to_markdown() + "\n")
+        print(_cli.wrote(values["out"], OUTPUTS))
 
 
 if __name__ == "__main__":

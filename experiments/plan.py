@@ -15,16 +15,22 @@ before jax starts its backends (jax reads it then, not at import), so no flag is
 `JAX_PLATFORMS=cpu` plans on the CPU on a machine with accelerators too.
 """
 
+import json
 import math
 import os
+import pathlib
 import sys
 
+from absl import flags
 from ml_collections import config_flags
 
 from experiments import _cli
 from gdro_jax import configs, planner
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file.")
+_OUT = flags.DEFINE_string(
+    "out", None, "Optional folder to keep the plan in (plan.txt, plan.json)."
+)
 _DEVICE_COUNT = "--xla_force_host_platform_device_count"
 
 
@@ -42,6 +48,16 @@ def main(argv):
         _fake_cpu_devices(math.prod(sizes))
     plan = planner.memory_plan(config, planner.planning_mesh(config), suggest=True)
     print(plan.table())
+    if _OUT.value:
+        out = pathlib.Path(_OUT.value)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "plan.txt").write_text(plan.table() + "\n")
+        record = {**plan._asdict(), "total": plan.total, "fits": plan.fits}
+        (out / "plan.json").write_text(json.dumps(record, indent=2, default=list) + "\n")
+        files = {"plan.txt": "the table above", "plan.json": "every line in bytes"}
+        print(_cli.wrote(out, files))
+    else:
+        print("Nothing written: the plan is the table above (--out=DIR keeps it in DIR).")
     if not plan.fits:
         print(f"error: {plan.error()}", file=sys.stderr)
         sys.exit(1)

@@ -43,7 +43,8 @@ def main(argv):
     records = {name: [c._asdict() for c in cs] for name, cs in criteria.items()}
     (out / "criteria.json").write_text(json.dumps(records, indent=2) + "\n")
     study.plot_premise(evidence, after_step=_AFTER.value).savefig(out / "premise.png", dpi=80)
-    print(f"wrote {out / 'criteria.json'} and {out / 'premise.png'}")
+    files = {"criteria.json": "each criterion's value and verdict", "premise.png": "the figure"}
+    print(_cli.wrote(out, files))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,12 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Folder for the model, tokenizer
 
 def main(argv):
     del argv
-    print(pretrain(_CONFIG.value, _WORKDIR.value))
+    pretrain(_CONFIG.value, _WORKDIR.value)
+    files = {
+        "model": "the warm start, an HF folder with its tokenizer (--config.init_from=...)",
+        "frontier.json": "its validation figures per level and the frontier check",
+    }
+    print(_cli.wrote(_WORKDIR.value, files))
 
 
 if __name__ == "__main__":

@@ -12,11 +12,18 @@ from gdro_jax.sim import run_experiment
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Simulation config file.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Folder for arrays, plots and the summary.")
+OUTPUTS = {
+    "summary.txt": "the table above",
+    "controller_signals.png": "what each controller saw and decided, per step",
+    "q_heatmap.png": "Prompt-GDRO's distribution over bins, per step",
+    "arrays.npz": "every method's per-step trace, for notebooks",
+}
 
 
 def main(argv):
     del argv
     run_experiment(_CONFIG.value, _WORKDIR.value)
+    print(_cli.wrote(_WORKDIR.value, OUTPUTS))
 
 
 if __name__ == "__main__":

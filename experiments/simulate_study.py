@@ -16,10 +16,16 @@ from gdro_jax.sim import simulate_study
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Simulation config file.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Folder for the fit, arrays, plots and tables.")
 
+OUTPUTS = {
+    "comparison.md": "the simulator's predicted gains beside the measured ones",
+    "comparison.json": "the same, with the fit",
+}
+
 
 def main(argv):
     del argv
     simulate_study(_CONFIG.value, _WORKDIR.value)
+    print(_cli.wrote(_WORKDIR.value, OUTPUTS))
 
 
 if __name__ == "__main__":

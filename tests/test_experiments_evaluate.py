@@ -212,6 +212,15 @@ def test_a_chain_run_is_evaluated_on_its_test_split(chain_run, chain_evaluation)
     report = json.loads((out / "report.json").read_text())
     assert report["task"] == "chain"
     assert report["settings"]["split"] == "test" and report["settings"]["step"] == 2
+    # It ends by naming its folder and main files in words, not a Python list.
+    ending = printed.rstrip().splitlines()
+    start = ending.index(f"Wrote {out}/:")
+    assert [line.split()[0] for line in ending[start + 1 : start + 4]] == [
+        "report.md",
+        "report.json",
+        "completions.jsonl",
+    ]
+    assert "['" not in printed
     assert report["settings"]["policy"] == str(chain_run)
     assert report["settings"]["temperature"] == 1.0 and report["num_samples"] == 8
     assert [p["id"] for p in report["problems"]] == [row["id"] for row in test]
@@ -285,7 +294,7 @@ def test_a_refusal_is_one_line_and_leaves_out_untouched(
 
 def test_missing_required_flag_is_one_line(tmp_path):
     completed = _evaluate([f"--out={tmp_path / 'out'}"], status=2)
-    assert "--policy is required" in completed.stderr
+    assert "--policy is missing" in completed.stderr
     assert len(completed.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
 

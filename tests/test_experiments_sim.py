@@ -1,5 +1,6 @@
 """The simulation experiment end to end on `sim_tiny`, and the properties of `sim_default`."""
 
+import re
 import sys
 
 import jax
@@ -56,6 +57,12 @@ def test_main_writes_arrays_plots_and_table(tmp_path, capsys, monkeypatch):
         assert np.all((final >= 0) & (final <= 1))
     np.testing.assert_array_equal(arrays["pool_counts"], config.pool_counts)
 
+    # It ends by naming its folder and the files a person opens first, in words and sizes.
+    ending = printed.rstrip().splitlines()
+    start = ending.index(f"Wrote {tmp_path}/:")
+    assert ending[start + 1].split()[0] == "summary.txt"
+    assert re.search(r"\(\d+(\.\d+)? (B|KiB|MiB)\)$", ending[start + 1])
+    assert ending[-1].startswith("  and ") and "[" not in "".join(ending[start:])
     for name in PLOTS:
         image = matplotlib.image.imread(tmp_path / name)
         assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100, name

@@ -12,6 +12,7 @@ from gdro_jax.planner._plan import (
     GIB,
     MemoryPlan,
     check_memory_plan,
+    format_size,
     memory_plan,
     planning_mesh,
 )
@@ -23,6 +24,7 @@ __all__ = [
     "Planner",
     "bytes_per_device",
     "check_memory_plan",
+    "format_size",
     "memory_plan",
     "planning_mesh",
 ]

@@ -113,11 +113,10 @@ class MemoryPlan(NamedTuple):
             ("rollout_other", self.rollout_other, ROLLOUT),
             ("update", self.update, UPDATE),
         ]
-        unit, scale = _unit(max(self.total, self.budget or 0))
         width = max(len(label) for label in self.labels.values()) + 2
 
         def line(label: str, size: int | None, comment: str = "") -> str:
-            amount = "none" if size is None else f"{size / scale:.2f} {unit}"
+            amount = "none" if size is None else format_size(size)
             return f"  {label:<{width}}{amount:>14}   {comment}".rstrip()
 
         lines = [
@@ -178,19 +177,25 @@ class MemoryPlan(NamedTuple):
                 sizes.append("model.remat=True")
             if sizes:
                 advice += " (largest that fit: " + ", ".join(sizes) + ")"
-        unit, scale = _unit(self.total)
         return (
-            f"the memory plan needs {self.total / scale:.2f} {unit} per device, over "
+            f"the memory plan needs {format_size(self.total)} per device, over "
             f"config.device_memory_gib={self.budget / GIB:.4g}; {advice}"
         )
 
 
-def _unit(size: int) -> tuple[str, int]:
-    """The table's unit: GiB from 1 GiB up, else MiB, else KiB (tiny test configs)."""
-    for unit, scale in (("GiB", GIB), ("MiB", 1024**2)):
-        if size >= scale:
-            return unit, scale
-    return "KiB", 1024
+def format_size(size: int) -> str:
+    """Bytes in the unit that fits them, three significant digits: `812 B`, `3.02 MiB`,
+    `1.25 GiB` (each line of a plan in its own unit, so a small buffer beside a large one does
+    not print as 0.00)."""
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            break
+        value /= 1024
+    if unit == "B":
+        return f"{value:.0f} B"
+    digits = 2 if abs(value) < 10 else 1 if abs(value) < 100 else 0
+    return f"{value:.{digits}f} {unit}"
 
 
 def _settings(config: Mapping[str, Any] | configs.RunSettings, shape) -> configs.RunSettings:

@@ -190,6 +190,7 @@ def test_plan_command_exits_0_within_the_budget_and_1_over_it(tmp_path):
     assert fits.returncode == 0, fits.stderr[-2000:]
     assert "2 devices, compiled on fake CPU devices" in fits.stdout
     assert "fits" in fits.stdout and "largest micro-batches that fit" in fits.stdout
+    assert fits.stdout.rstrip().splitlines()[-1].startswith("Nothing written: ")
 
     over = _plan_command(tmp_path, 1e-6)
     assert over.returncode == 1, over.stderr[-2000:]
@@ -203,3 +204,16 @@ def test_a_config_mesh_unlike_the_mesh_is_refused():
     config = small_config()
     with pytest.raises(ValueError, match="config.mesh"):
         planner.memory_plan(config, models.make_mesh(1, 2, 1))
+
+
+def test_each_size_prints_in_the_unit_that_fits_it():
+    """Written out by hand: three significant digits in B, KiB, MiB, GiB or TiB."""
+    assert planner.format_size(0) == "0 B"
+    assert planner.format_size(812) == "812 B"
+    assert planner.format_size(1023) == "1023 B"
+    assert planner.format_size(1024) == "1.00 KiB"
+    assert planner.format_size(1023 * 1024) == "1023 KiB"
+    assert planner.format_size(int(3.02 * 1024**2)) == "3.02 MiB"
+    assert planner.format_size(int(45.6 * 1024**3)) == "45.6 GiB"
+    assert planner.format_size(3 * 1024**4) == "3.00 TiB"
+    assert planner.format_size(5000 * 1024**4) == "5000 TiB"
