@@ -9,6 +9,7 @@
   on stderr, `error: ...` naming the flag or field, the value and the fix, and exit status 2 (the
   Unix convention for usage errors), raised before anything is written; `GDRO_DEBUG=1` or
   `--verbosity=1` shows the traceback of a library error instead.
+- Log records print above progress bars (`runtime.logging_above_bars`), never inside one.
 - `--help` (and `-h`) prints the entry point's help from the config schema (`_help`) and exits
   0; `--helpfull` keeps absl's full list of every library's flags.
 """
@@ -245,7 +246,8 @@ def run(
                 _fail(f"--{name} is missing: {flags.FLAGS[name].help} ({fix})", traceback=False)
         _check_outputs()
         try:
-            return main(argv)
+            with runtime.logging_above_bars():  # warnings print above progress bars, not in them
+                return main(argv)
         except USER_ERRORS as error:
             if _debugging():
                 raise
