@@ -11,15 +11,29 @@ is the study's own warm start and GRPO runs, evaluated on the validation split:
 
     python -m experiments.simulate_study --config=experiments/configs/sim_study.py \\
         --workdir=runs/sim_study
+
+`sim_study.py:graded` is the same beside the declared study's graded profile (issue 17): 10
+levels, a pool of 480, 16 prompts x 8 rollouts, the classifier's `mean_accuracy` statistic, the
+profile's test counts, fitted to its warm start and GRPO runs on the validation split:
+
+    python -m experiments.compare --config=experiments/configs/rivals_study.py:graded \\
+        --workdir=runs/study_graded --config.eval.split=validation --config.run=grpo \\
+        --results=results/study_graded_validation --nostore
+    python -m experiments.simulate_study --config=experiments/configs/sim_study.py:graded \\
+        --workdir=runs/sim_study_graded
 """
 
 import ml_collections
 
-from experiments.configs import sim_default, study
+from experiments.configs import rivals_study, sim_default, study
 from gdro_jax import tasks
 
+PROFILES = ("cliff", "graded")
 
-def get_config() -> ml_collections.ConfigDict:
+
+def get_config(profile: str = "cliff") -> ml_collections.ConfigDict:
+    if profile not in PROFILES:
+        raise ValueError(f"the profile must be one of {PROFILES}, got {profile!r}")
     config = sim_default.get_config()
     config.steps = 150
     config.num_prompts = 32
@@ -33,8 +47,19 @@ def get_config() -> ml_collections.ConfigDict:
     config.study = "results/study.json"  # the real study's results (compared when present)
     config.lr_candidates = "0.02,0.05,0.1,0.2,0.5,1.0"  # SGD step sizes tried for calibration
     config.calibration_seeds = 8
+    run = study.get_config().train
+    if profile == "graded":
+        run = rivals_study.get_config("graded").train
+        config.num_levels = run.task.num_levels
+        config.tail_base = run.task.tail_base
+        config.num_prompts = run.num_prompts
+        config.n_mean = run.n_mean
+        config.pool_size = run.task.pool_size
+        config.classifier.statistic = run.classifier.statistic
+        config.reference = "results/study_graded_validation/study.json"
+        config.study = "results/study_graded/study.json"
     # The study's test problems per level: the frontier's predicted figure weighs levels by them.
-    test_split = tasks.ChainTaskConfig(**study.get_config().train.task.to_dict())
+    test_split = tasks.ChainTaskConfig(**run.task.to_dict())
     config.test_problems = tuple(
         test_split.test_count(level) for level in range(1, config.num_levels + 1)
     )

@@ -9,7 +9,7 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 
-from experiments.configs import sim_study, sim_tiny
+from experiments.configs import rivals_study, sim_study, sim_tiny
 from gdro_jax import sim
 
 
@@ -195,3 +195,23 @@ def test_simulate_study_end_to_end(tmp_path):
     saved = json.loads((tmp_path / "out" / "comparison.json").read_text())
     assert saved["predicted"] == record["predicted"]
     assert "prompt_gdro" in (tmp_path / "out" / "comparison.md").read_text()
+
+
+def test_the_graded_simulation_has_the_graded_studys_shape():
+    """`sim_study.py:graded` models the declared study's graded runs: its levels, pool, prompts
+    and rollouts per step, classifier statistic and test counts are the study's run config's."""
+    config = sim_study.get_config("graded")
+    run = rivals_study.get_config("graded").train
+    assert (config.num_levels, config.tail_base, config.pool_size) == (
+        run.task.num_levels,
+        run.task.tail_base,
+        run.task.pool_size,
+    )
+    assert (config.num_prompts, config.n_mean, config.steps) == (
+        run.num_prompts,
+        run.n_mean,
+        run.steps,
+    )
+    assert config.classifier.statistic == run.classifier.statistic == "mean_accuracy"
+    assert config.test_problems == run.task.test_per_level
+    assert config.reference.startswith("results/study_graded_validation/")
