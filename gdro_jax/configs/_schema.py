@@ -80,8 +80,16 @@ def _base_type(annotation: Any, default: Any) -> type:
 
 
 def _short(text: str) -> str:
-    """The first sentence (or clause before a semicolon) of a description."""
-    first = re.split(r"(?<=[.;])\s", text, maxsplit=1)[0]
+    """The first sentence (or clause before a semicolon) of a description: it ends at a `.` or
+    `;` before a space outside brackets, and not at an abbreviation such as "e.g."."""
+    first = text
+    for match in re.finditer(r"[.;](?=\s)", text):
+        head = text[: match.start()]
+        inside = len(re.findall(r"[(\[]", head)) > len(re.findall(r"[)\]]", head))  # `(0, 1]` too
+        if inside or re.search(r"\b(e\.g|i\.e|cf|vs)$", head):
+            continue
+        first = head
+        break
     return first.rstrip(".;").replace("``", "`")
 
 

@@ -196,8 +196,9 @@ def passk_classifier(
       edges: strictly ascending bin edges inside (0, 1); `B = len(edges) + 1` bins (default
         0.1, ..., 0.9, so `B = 10`). An empty sequence gives a single bin.
       window: `H >= 0` visits kept per prompt in a ring buffer; 0 keeps cumulative sums.
-      statistic: per-visit statistic, `"pass_at_k"` (default), `"any_correct"` (the authors'
-        released code) or `"mean_accuracy"` (see `per_visit_statistic`).
+      statistic: per-visit statistic: pass_at_k, any_correct or mean_accuracy. `"pass_at_k"`
+        is the default, `"any_correct"` the authors' released code's (see
+        `per_visit_statistic`).
       k: the `k >= 1` of pass@k (paper: 8).
       hysteresis: margin `delta` in [0, 1). A `delta` wider than half a bin keeps prompts in bins
         whose range they have left entirely; 1 or more would freeze every prompt in its first bin.

@@ -50,7 +50,8 @@ class DecoderConfig:
       rms_norm_eps: epsilon of every RMSNorm.
       tie_embeddings: the output projection reuses the embedding table.
       qk_norm: RMSNorm on each query and key head before RoPE (Qwen3).
-      qkv_bias: biases on the q, k, v projections (Qwen2, or `attention_bias` checkpoints).
+      qkv_bias: biases on the q, k, v projections (Qwen2). Checkpoints with `attention_bias` have
+        them too.
       o_bias: bias on the attention output projection (`attention_bias` checkpoints).
       mlp_bias: biases on the three MLP projections (Llama `mlp_bias`).
       max_position_embeddings: context length recorded in the checkpoint (not enforced).
@@ -58,9 +59,9 @@ class DecoderConfig:
       param_dtype: dtype parameters are stored in ("float32", "bfloat16" or "float16").
       compute_dtype: dtype of activations and matmuls; norms, softmax and logits stay float32.
       remat: recompute each block's activations in the backward pass (saves memory).
-      scan_layers: run the blocks of a full forward pass as one `lax.scan` (compile time
-        independent of depth) rather than an unrolled loop (faster on CPU, where the scan's
-        stacked residual buffers cost memory traffic; compile time grows with depth). The
+      scan_layers: one `lax.scan` over the blocks, not an unrolled loop. Compile time is then
+        independent of depth; the unrolled loop is faster on CPU, where the scan's stacked
+        residual buffers cost memory traffic, and compiles in time growing with depth. The
         sampler's cached path is always unrolled.
       bos_token_id: from config.json, kept for the round trip.
       eos_token_ids: from config.json, a convenient default stop set for the sampler.

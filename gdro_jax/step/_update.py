@@ -44,16 +44,18 @@ class GRPOConfig:
       aggregation: how token losses become the loss (`gdro_jax.losses.AGGREGATIONS`).
       kl_coef: beta of the k3 KL to the initial policy; 0 builds and runs no reference model.
       normalize_std: divide advantages by the group's std (False: Dr.GRPO advantages).
-      advantage_estimator: the group std, "sample" (the released code's, verl's N-1; a group
-        of one keeps its reward) or "population" (N; a group of one gets 0).
-      advantage_clip: clip advantages to this magnitude (SPEC 2's 5 never binds for binary
-        rewards with n_i <= 12, where |A| <= 3.2); None applies no clip, as the released code.
+      advantage_estimator: the group std: "sample" (N-1) or "population" (N). "sample" is the
+        released code's and verl's (a group of one keeps its reward); with "population" a group
+        of one gets 0.
+      advantage_clip: clip advantages to this magnitude; None: no clip (the released code).
+        SPEC 2's 5 never binds for binary rewards with n_i <= 12, where |A| <= 3.2.
       loss_signal: Prompt-GDRO's per-prompt signal (`gdro_jax.losses.SIGNALS`).
       temperature: the sampling temperature; log-probs are taken under it.
-      micro_batch_slots: gradient accumulation: slots per forward/backward pass, dividing a
-        mini-batch (None or at least a mini-batch: one pass); changes float rounding only.
-      logprob_chunk_tokens: positions per output-projection chunk, recomputed in the backward
-        pass, so the [slots, P + M, vocab] logits never exist at once (None: all at once).
+      micro_batch_slots: slots per forward/backward pass (gradient accumulation). It divides a
+        mini-batch (None or at least a mini-batch: one pass) and changes float rounding only.
+      logprob_chunk_tokens: positions per output-projection chunk (None: all at once). Each
+        chunk is recomputed in the backward pass, so the [slots, P + M, vocab] logits never
+        exist at once.
     """
 
     num_minibatches: int = 2

@@ -105,10 +105,10 @@ class ChainTaskConfig:
         (1.5 keeps a usable frontier after a short warm start, 2 gives a steeper tail).
       pool_size: D, prompts in the training pool; in [num_levels, 1e6]. Size it from the run
         with `pool_size_for` (pool <= steps x prompts per step / 5).
-      validation_per_level: problems per level in the validation split (for choosing
-        hyperparameters).
-      test_per_level: problems per level in the held-out test split: one int for every level,
-        or a sequence of `num_levels` ints (levels 1..L), e.g. more problems on the frontier
+      validation_per_level: problems per level in the validation split. It is for choosing
+        hyperparameters.
+      test_per_level: problems per level in the held-out test split, one int or one per level.
+        A sequence holds `num_levels` ints (levels 1..L), e.g. more problems on the frontier
         levels, where pass@8 intervals are widest (stored as a tuple; `test_count(level)` reads
         it). Validation plus test may hold at most half of a level's problems, so
         `validation_per_level + test_per_level <= 150` on level 1 (300 problems) and far more
