@@ -70,11 +70,6 @@ class RolloutConfig:
             raise ValueError(f"greedy must be True or False, got greedy={self.greedy!r}")
         if not float(self.tis_cap) >= 1:
             raise ValueError(f"tis_cap must be >= 1, got tis_cap={self.tis_cap!r}")
-        if self.logprobs_from == "engine" and self.engine == "kv_cache":
-            raise ValueError(
-                "logprobs_from='engine' corrects for another engine's log-probs; the kv_cache "
-                "engine samples with the trainer's own policy: use logprobs_from='trainer'"
-            )
 
 
 class Rollouts(NamedTuple):

@@ -186,6 +186,11 @@ def _assemble(settings, task, reward_fn, host_reward_fn, closers, rollout_engine
     # Another engine samples with its own kernels: the update logs (and may correct) the gap
     # between its log-probs and the trainer's.
     external = rollout_engine is not None or settings.rollout.engine != "kv_cache"
+    if settings.rollout.logprobs_from == "engine" and not external:
+        raise ValueError(
+            "config.rollout.logprobs_from='engine' corrects for another engine's log-probs; the "
+            "kv_cache engine samples with the trainer's own policy: use logprobs_from='trainer'"
+        )
     update_fn = step.make_update(
         graphdef,
         tx,
