@@ -90,6 +90,16 @@ def check_vllm_installed() -> None:
         )
 
 
+def _environment() -> None:
+    """vLLM's settings that must precede its import; a user's own values win."""
+    # In-process engine: the weights are handed over as tensors, which a separate engine
+    # process cannot receive.
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # vLLM logs every start-up stage and weight reload; the trainer's console keeps its progress
+    # bar and the errors (`VLLM_LOGGING_LEVEL=INFO` brings them back).
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+
+
 def check_vllm_model(head_dim: int) -> None:
     """Raises ValueError when vLLM's attention cannot serve `head_dim` on this machine.
 
@@ -97,6 +107,7 @@ def check_vllm_model(head_dim: int) -> None:
     backends take the widths of real models.
     """
     check_vllm_installed()
+    _environment()
     from vllm.platforms import current_platform  # noqa: PLC0415 (optional extra)
 
     if not current_platform.is_cpu():
@@ -155,10 +166,8 @@ class VLLMEngine:
         settings = settings or VLLMConfig()
         model = nnx.merge(graphdef, params)
         check_vllm_model(model.config.head_dim)
-        # In-process engine: the weights are handed over as tensors, which a separate engine
-        # process cannot receive.
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(settings.cpu_kvcache_space_gib))
+        _environment()
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(settings.cpu_kvcache_space_gib)
         from vllm import LLM  # noqa: PLC0415 (optional extra)
 
         self.graphdef = graphdef
