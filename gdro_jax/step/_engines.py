@@ -39,15 +39,15 @@ class RolloutConfig:
     Attributes:
       micro_batch_slots: rollout slots decoded at a time by kv_cache (KV cache size). None or 0
         means all R at once.
-      engine: kv_cache (the built-in jitted sampler) or vllm (`VLLMEngine`, the vllm extra).
+      engine: kv_cache (the built-in sampler) or vllm (the vllm extra). vllm is `VLLMEngine`.
       greedy: decode greedily (argmax), log-probs under temperature 1. For checking one engine
         against another; needs grpo.temperature=1.
       logprobs_from: the behaviour policy of a vllm run: trainer or engine. "trainer" takes the
         trainer's log-probs of the sampled tokens (recomputed in one forward pass) as log pi_old;
         "engine" treats the samples as vLLM's and weights each token by the truncated importance
         ratio min(pi_trainer / pi_engine, tis_cap). The kv_cache engine is the trainer's policy.
-      tis_cap: C of the truncated importance weights, and the ratio the step's
-        "rollout/is_weight_capped_fraction" counts tokens above (vllm runs).
+      tis_cap: C, the truncation of the importance weights (vllm runs). The step's
+        "rollout/is_weight_capped_fraction" counts the tokens whose ratio is above it.
     """
 
     micro_batch_slots: int | None = None

@@ -51,8 +51,8 @@ class VLLMConfig:
       cpu_kvcache_space_gib: GiB of KV cache on the CPU build (its `VLLM_CPU_KVCACHE_SPACE`).
       max_num_seqs: most sequences decoded at once (continuous batching's batch).
       enable_prefix_caching: share the keys and values of a prompt among its rollouts.
-      dtype: vLLM's compute dtype: "auto" (the policy's `model.compute_dtype`) or a float
-        dtype. bfloat16 is faster on GPUs and widens the gap to the trainer's log-probs.
+      dtype: vLLM's compute dtype; auto: the policy's `model.compute_dtype`. bfloat16 is
+        faster on GPUs and widens the gap to the trainer's log-probs.
       enforce_eager: no CUDA graphs or compilation (quicker start, slower decoding).
     """
 
