@@ -197,6 +197,11 @@ def _rollout(config: ml_collections.ConfigDict, grpo: GRPOConfig):
             f"divides by: set config.grpo.temperature=1.0, got {grpo.temperature!r}"
         )
     if rollout.engine == "vllm":
+        if jax.process_count() > 1:
+            raise ValueError(
+                "config.rollout.engine='vllm' samples in one process (vLLM in the trainer's "
+                f"process); this run has {jax.process_count()}: use engine='kv_cache'"
+            )
         step.check_vllm_installed()
         if config.init_from:
             head_dim = models.DecoderConfig.from_hf_config(
