@@ -19,9 +19,9 @@ import shutil
 import subprocess
 import sys
 
-import ml_collections
 import matplotlib
 import matplotlib.container
+import ml_collections
 import numpy as np
 import pytest
 import safetensors.numpy
