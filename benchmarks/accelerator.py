@@ -277,6 +277,7 @@ def bench_update(
         logprobs=np.full((slots, work.new_tokens), -math.log(c.vocab_size), np.float32),
         rewards=rewards_R,
         correct=rewards_R > 0,
+        engine_logprobs=np.full((slots, work.new_tokens), -math.log(c.vocab_size), np.float32),
     )
     rollouts = jax.device_put(rollouts, jax.devices()[0])
     carry = [state]

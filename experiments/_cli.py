@@ -26,11 +26,18 @@ from typing import Any
 from absl import app, flags, logging
 
 from experiments import _help
-from gdro_jax import configs, planner, runtime, sim
+from gdro_jax import configs, planner, runtime, sim, step
 
 DEBUG_ENV = "GDRO_DEBUG"
 # What the library raises for bad input (it names the field, the value and the fix).
-USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError)
+# A missing optional extra (`step.MissingExtraError`) too: the message says what to install.
+USER_ERRORS = (
+    ValueError,
+    FileNotFoundError,
+    FileExistsError,
+    NotADirectoryError,
+    step.MissingExtraError,
+)
 # Flags naming an output folder: an existing file there is refused before anything runs.
 OUTPUT_FLAGS = ("workdir", "out")
 HELP_FLAGS = ("--help", "-h", "--helpshort", "-?")

@@ -133,8 +133,26 @@ def config_lines(
             )
             continue
         lines.append(f"  {block}:")
+        engine = values.get("engine") if block == "rollout" else None
         for name, value in leaves:
-            lines.extend(field_lines(name, value, "    ", name.split(".", 1)[1]))
+            shown = name.split(".", 1)[1]
+            if engine not in (None, "vllm") and shown.startswith("vllm."):
+                continue  # packed below: the kv_cache engine reads none of them
+            lines.extend(field_lines(name, value, "    ", shown))
+        if engine not in (None, "vllm"):
+            packed = " ".join(
+                f"{n.split('.', 2)[2]}={_format_value(v)}"
+                for n, v in leaves
+                if n.startswith("rollout.vllm.")
+            )
+            lines.extend(
+                textwrap.wrap(
+                    packed,
+                    width=width,
+                    initial_indent="    vllm (used with engine=vllm): ",
+                    subsequent_indent="        ",
+                )
+            )
     return lines
 
 

@@ -76,12 +76,15 @@ def _shown(value):
 
 def _packed(lines):
     """`{block: its packed text}` of the blocks listed `name=default` only."""
-    packed, block = {}, None
+    packed, block, parent = {}, None, None
     for line in lines:
-        match = re.match(r"^  (\w+) \(used with [^)]*\): (.*)$", line)
+        match = re.match(r"^( {2,4})(\w+) \(used with [^)]*\): (.*)$", line)
+        if re.match(r"^  \w+:$", line):
+            parent = line.strip()[:-1]  # a listed block, which may pack a block of its own
         if match:
-            block = match[1]
-            packed[block] = match[2]
+            # `  knapsack (used with ...)`, or `    vllm (used with ...)` inside `rollout:`
+            block = match[2] if len(match[1]) == 2 else f"{parent}.{match[2]}"
+            packed[block] = match[3]
         elif block and line.startswith("      "):
             packed[block] += " " + line.strip()
         else:
@@ -95,7 +98,8 @@ def test_train_help_lists_every_field_of_tiny_cpu_with_its_default_in_a_screenfu
     assert len(lines) <= 120
     assert "the defaults of experiments/configs/tiny_cpu.py" in text
     packed = _packed(lines)
-    assert {"knapsack", "mopps", "math"} <= set(packed)  # tiny_cpu runs GRPO on the chain task
+    # tiny_cpu runs GRPO on the chain task with the kv_cache engine
+    assert {"knapsack", "mopps", "math", "rollout.vllm"} <= set(packed)
     described, block = set(), ""
     for line in lines[lines.index(next(x for x in lines if x.startswith("config fields"))) + 1 :]:
         if re.match(r"^  \w+:$", line):

@@ -57,6 +57,8 @@ def _one_line_error(completed, *fragments):
         ((*TRAIN, "--config.steps=abc"), ("--config.steps=abc", "int", "--help")),
         ((*TRAIN, "--bogus=1"), ("Unknown command line flag 'bogus'", "--help")),
         (("experiments.train",), ("--config is missing", "--config=experiments/configs/")),
+        # Without the extra it names the extra; with it, tiny_cpu's head width of 16.
+        ((*TRAIN, "--config.rollout.engine=vllm"), ("config.rollout.engine='vllm'",)),
     ],
     ids=[
         "unknown-method",
@@ -69,6 +71,7 @@ def _one_line_error(completed, *fragments):
         "a-value-of-the-wrong-type",
         "unknown-flag",
         "missing-config",
+        "vllm-engine",
     ],
 )
 def test_a_refused_command_writes_nothing(tmp_path, argv, fragments):

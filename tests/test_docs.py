@@ -32,7 +32,7 @@ README = ROOT / "README.md"
 PAGES = ["README.md"] + [
     f"docs/{name}.md"
     for name in (
-        "controllers", "models", "tasks-and-data", "training", "scaling", "checkpoints",
+        "controllers", "models", "tasks-and-data", "training", "engines", "scaling", "checkpoints",
         "evaluation", "studies", "simulation", "architecture", "testing",
     )
 ]  # fmt: skip

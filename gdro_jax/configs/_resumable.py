@@ -26,6 +26,12 @@ RESUMABLE_FIELDS = (
     "guards",
     "reward_timeout_s",
     "rollout.micro_batch_slots",
+    # How vLLM holds and schedules the work, not what it samples.
+    "rollout.vllm.gpu_memory_utilization",
+    "rollout.vllm.cpu_kvcache_space_gib",
+    "rollout.vllm.max_num_seqs",
+    "rollout.vllm.enable_prefix_caching",
+    "rollout.vllm.enforce_eager",
     "device_memory_gib",
     # Sums the same gradient in another order: the update up to float32 rounding, not bit for bit.
     "grpo.micro_batch_slots",

@@ -18,7 +18,7 @@ from typing import Any
 import jax
 import ml_collections
 
-from gdro_jax import controllers, models, tasks
+from gdro_jax import controllers, models, step, tasks
 from gdro_jax.configs._parts import (
     OptimizerConfig,
     build_controllers,
@@ -74,6 +74,8 @@ class RunSettings:
     optimizer: OptimizerConfig
     grpo: GRPOConfig
     rollout_micro_batch_slots: int | None  # None: all R slots at once
+    rollout: step.RolloutConfig  # the engine, greedy decoding, the behaviour log-probs
+    vllm: step.VLLMConfig
     max_consecutive_skips: int
     reward_timeout_s: float
 
@@ -181,6 +183,37 @@ def _slots(config: ml_collections.ConfigDict, batch_shards: int) -> int | None:
             f"micro-batch, got micro_batch_slots={accumulate}"
         )
     return chunk or None
+
+
+def _rollout(config: ml_collections.ConfigDict, grpo: GRPOConfig):
+    """The rollout block's `(RolloutConfig, VLLMConfig)`. With engine vllm, checks that vLLM is
+    installed and can serve the policy's head width, before a run writes anything."""
+    fields = {name: value for name, value in config.rollout.to_dict().items() if name != "vllm"}
+    rollout = _built("rollout", step.RolloutConfig, fields)
+    vllm = _built("rollout.vllm", step.VLLMConfig, config.rollout.vllm.to_dict())
+    if rollout.greedy and grpo.temperature != 1.0:
+        raise ValueError(
+            "config.rollout.greedy decodes with log-probs under temperature 1, which the update "
+            f"divides by: set config.grpo.temperature=1.0, got {grpo.temperature!r}"
+        )
+    if rollout.engine == "vllm":
+        if jax.process_count() > 1:
+            raise ValueError(
+                "config.rollout.engine='vllm' samples in one process (vLLM in the trainer's "
+                f"process); this run has {jax.process_count()}: use engine='kv_cache'"
+            )
+        step.check_vllm_installed()
+        if config.init_from:
+            head_dim = models.DecoderConfig.from_hf_config(
+                models.read_hf_config(config.init_from)
+            ).head_dim
+        else:
+            head_dim = config.model.head_dim
+        try:
+            step.check_vllm_model(head_dim)
+        except ValueError as error:
+            raise ValueError(f"config.rollout.engine='vllm': {error}") from None
+    return rollout, vllm
 
 
 def _checkpoint(block: ml_collections.ConfigDict) -> CheckpointSettings:
@@ -295,6 +328,7 @@ def read_run_config(
     micro_batch_slots = _slots(config, mesh[0] * mesh[1])
     max_skips = _max_skips(config.guards)
     grpo = _built("grpo", GRPOConfig, config.grpo.to_dict())
+    rollout, vllm = _rollout(config, grpo)
     kind = task_kind(config)
     chain = math_task = None
     if kind == "chain":
@@ -334,6 +368,8 @@ def read_run_config(
         optimizer=optimizer,
         grpo=grpo,
         rollout_micro_batch_slots=micro_batch_slots,
+        rollout=rollout,
+        vllm=vllm,
         max_consecutive_skips=max_skips,
         reward_timeout_s=float(config.reward_timeout_s or 0.0),
     )

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import ml_collections
 
 from gdro_jax import controllers, models, tasks
-from gdro_jax.step import GRPOConfig
+from gdro_jax.step import GRPOConfig, RolloutConfig, VLLMConfig
 
 
 class Field(NamedTuple):
@@ -163,9 +163,8 @@ def run_schema() -> dict[str, Any]:
             0.0, float, "host rewards: seconds before a hung call stops the run"
         ),
         "rollout": {
-            "micro_batch_slots": Field(
-                None, int, "rollout slots decoded at a time (KV cache size); None or 0: all R"
-            ),
+            **from_dataclass(RolloutConfig),
+            "vllm": from_dataclass(VLLMConfig),
         },
         "task": from_dataclass(tasks.ChainTaskConfig),
         "math": from_dataclass(tasks.MathTaskConfig),

@@ -12,6 +12,8 @@ group statistics are segment reductions.
 - `aggregate`: the three loss aggregations (`AGGREGATIONS`); `aggregation_normalizer`: their
   denominators over a whole mini-batch, shared by its micro-batches (gradient accumulation).
 - `policy_loss`: the mini-batch loss with its metrics.
+- `truncated_is_weights`, `logprob_mismatch`: an inference engine's log-probs against the
+  trainer's: the truncated importance weights that correct for the gap, and its metrics.
 - `masked_cross_entropy`: the warm start's token-mean cross-entropy on the weighted targets.
 - `segment_mean`: the weighted mean per segment (group or bin), shared with the controllers.
 - `prompt_loss_signal`: Prompt-GDRO's per-prompt loss signals (`SIGNALS`).
@@ -31,6 +33,7 @@ from gdro_jax.losses._aggregation import (
     aggregate,
     aggregation_normalizer,
 )
+from gdro_jax.losses._mismatch import logprob_mismatch, truncated_is_weights
 from gdro_jax.losses._policy_loss import policy_loss
 from gdro_jax.losses._segments import segment_mean
 from gdro_jax.losses._signals import SIGNALS, prompt_loss_signal
@@ -51,9 +54,11 @@ __all__ = [
     "group_statistics",
     "informative_fraction",
     "k3_kl",
+    "logprob_mismatch",
     "masked_cross_entropy",
     "policy_loss",
     "segment_mean",
+    "truncated_is_weights",
     "prompt_loss_signal",
     "weighted_advantages",
 ]

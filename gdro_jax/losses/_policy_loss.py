@@ -15,6 +15,7 @@ References:
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from gdro_jax.losses._aggregation import (
@@ -48,6 +49,7 @@ def policy_loss(
     ref_logp_RT: ArrayLike | None = None,
     max_length: float | None = None,
     normalizer: AggregationNormalizer | None = None,
+    token_weight_RT: ArrayLike | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """GRPO/DAPO policy loss with clip-higher, optional k3 KL and a selectable aggregation.
 
@@ -75,6 +77,9 @@ def policy_loss(
         these rows are a micro-batch of: the loss, its gradient and every metric are then this
         micro-batch's shares, which sum over the micro-batches to the mini-batch's values. None:
         these rows are the whole mini-batch.
+      token_weight_RT: optional float[R, T] constant weights of the tokens' surrogate terms,
+        e.g. the truncated importance weights of an engine's samples (`truncated_is_weights`);
+        None: 1. The aggregation's denominators do not change.
 
     Returns:
       `(loss, metrics)`: float32[] loss to minimise, and a dict of float32[] scalars:
@@ -104,6 +109,8 @@ def policy_loss(
         eps_high=eps_high,
         token_count=normalizer.tokens,
     )
+    if token_weight_RT is not None:
+        surrogate_RT = surrogate_RT * jax.lax.stop_gradient(jnp.asarray(token_weight_RT))
     pg_loss = -aggregate(
         surrogate_RT, mask_RT, mode=aggregation, max_length=max_length, normalizer=normalizer
     )

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import jax
@@ -334,6 +334,28 @@ def _load_parameter(handles, names, layout, shape, dtype, sharding, *, stacked):
 
 # ----------------------------------------------------------------------------------------------
 # Export.
+
+
+def hf_tensors(
+    model: Decoder, convert: Callable[[jax.Array], Any] = lambda leaf: np.asarray(leaf)
+) -> Iterator[tuple[str, Any]]:
+    """`(HF name, tensor)` of every tensor an export writes, in HF file order: the weights an
+    inference engine that loads HF checkpoints (vLLM) takes, without a file in between.
+
+    Args:
+      model: the Decoder.
+      convert: turns one parameter (all layers of a stacked one) into the array type wanted,
+        once per parameter: default a host numpy array; `torch.from_dlpack` hands a
+        single-device JAX array to torch without a copy. The layouts only transpose, reshape
+        and index, which numpy and torch arrays share, so the tensors are views of it.
+    """
+    state = nnx.to_pure_dict(nnx.state(model))
+    converted: dict[tuple[str, ...], Any] = {}
+    for our_path, hf_name, layer, layout in _tensor_plan(model):
+        if our_path not in converted:
+            converted[our_path] = convert(_get(state, our_path))
+        whole = converted[our_path]
+        yield hf_name, _to_hf(whole if layer is None else whole[layer], layout)
 
 
 def save_pretrained(

@@ -2,7 +2,8 @@
 
     plan     the controllers' `MultiAdversary.plan` (jitted by the caller)
     rollout  `rollout_phase`: R completions and log pi_old through a `RolloutEngine`
-             (`KVCacheEngine`, the built-in sampler, fused into one jit)
+             (`KVCacheEngine`, the built-in sampler, fused into one jit; `VLLMEngine`, vLLM
+             in the trainer's process, with the optional vllm extra)
     reward   `device_reward_phase` (jittable rewards) or `host_reward_phase` (a grader, under
              `HostRewardCaller`'s time limit)
     update   `make_update`: advantages, Prompt-GDRO multipliers, mini-batch steps (or, under a
@@ -15,12 +16,16 @@ loop.
 """
 
 from gdro_jax.step._engines import (
+    ENGINES,
+    LOGPROBS_FROM,
     KVCacheEngine,
+    RolloutConfig,
     RolloutEngine,
     Rollouts,
     WeightSync,
     rollout_phase,
     sample_rollouts,
+    trainer_logprobs,
 )
 from gdro_jax.step._guard import (
     DEFAULT_MAX_CONSECUTIVE_SKIPS,
@@ -38,20 +43,35 @@ from gdro_jax.step._rewards import (
 )
 from gdro_jax.step._state import TrainState, init_train_state, state_shardings
 from gdro_jax.step._update import GRPOConfig, make_update, minibatch_step, rollout_groups
+from gdro_jax.step._vllm import (
+    MissingExtraError,
+    VLLMConfig,
+    VLLMEngine,
+    check_vllm_installed,
+    check_vllm_model,
+)
 
 __all__ = [
     "DEFAULT_MAX_CONSECUTIVE_SKIPS",
+    "ENGINES",
+    "LOGPROBS_FROM",
     "GRPOConfig",
     "HostRewardCaller",
     "KVCacheEngine",
+    "MissingExtraError",
     "NonFiniteStepsError",
     "RewardError",
+    "RolloutConfig",
     "RolloutEngine",
     "Rollouts",
     "TrainState",
+    "VLLMConfig",
+    "VLLMEngine",
     "WeightSync",
     "check_rewards",
     "check_skips",
+    "check_vllm_installed",
+    "check_vllm_model",
     "device_reward_phase",
     "host_reward_phase",
     "init_train_state",
@@ -63,4 +83,5 @@ __all__ = [
     "sample_rollouts",
     "state_shardings",
     "step_metrics",
+    "trainer_logprobs",
 ]

@@ -6,14 +6,17 @@ time when set. Rewards are scored afterwards by the run's reward phase, on the d
 host.
 
 The trainer samples through a `RolloutEngine`: `KVCacheEngine` (the built-in sampler) by default,
-or any object with the same two methods passed to `build_run(config, rollout_engine=...)`, e.g.
-a client of an inference server that keeps its own copy of the weights. `rollout_phase` turns an
-engine and the prompt pool's arrays into the step's rollout function: the built-in engine fused
-into one jit, another engine called eagerly after its weights are synced.
+`VLLMEngine` with `config.rollout.engine="vllm"`, or any object with the same two methods passed
+to `build_run(config, rollout_engine=...)`, e.g. a client of an inference server that keeps its
+own copy of the weights. `rollout_phase` turns an engine and the prompt pool's arrays into the
+step's rollout function: the built-in engine fused into one jit, another engine called eagerly
+after its weights are synced, its log-probs then recomputed by the trainer in one forward pass
+(`trainer_logprobs`), as verl does: the engine's own stay as `Rollouts.engine_logprobs`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
@@ -23,7 +26,50 @@ from flax import nnx
 
 from gdro_jax import runtime
 from gdro_jax.controllers import Plan
-from gdro_jax.sampling import generate
+from gdro_jax.sampling import completion_logprobs, generate
+
+ENGINES = ("kv_cache", "vllm")
+LOGPROBS_FROM = ("trainer", "engine")
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    """How a step samples its rollouts (`config.rollout`, but for its `vllm` block).
+
+    Attributes:
+      micro_batch_slots: rollout slots decoded at a time by kv_cache (KV cache size). None or 0
+        means all R at once.
+      engine: kv_cache (the built-in sampler) or vllm (the vllm extra). vllm is `VLLMEngine`.
+      greedy: decode greedily (argmax), log-probs under temperature 1. For checking one engine
+        against another; needs grpo.temperature=1.
+      logprobs_from: the behaviour policy of a vllm run: trainer or engine. "trainer" takes the
+        trainer's log-probs of the sampled tokens (recomputed in one forward pass) as log pi_old;
+        "engine" treats the samples as vLLM's and weights each token by the truncated importance
+        ratio min(pi_trainer / pi_engine, tis_cap). The kv_cache engine is the trainer's policy.
+      tis_cap: C, the truncation of the importance weights (vllm runs). The step's
+        "rollout/is_weight_capped_fraction" counts the tokens whose ratio is above it.
+    """
+
+    micro_batch_slots: int | None = None
+    engine: str = "kv_cache"
+    greedy: bool = False
+    logprobs_from: str = "trainer"
+    tis_cap: float = 2.0
+
+    def __post_init__(self):
+        if self.engine not in ENGINES:
+            raise ValueError(
+                f"engine must be one of {', '.join(ENGINES)}, got engine={self.engine!r}"
+            )
+        if self.logprobs_from not in LOGPROBS_FROM:
+            raise ValueError(
+                f"logprobs_from must be one of {', '.join(LOGPROBS_FROM)}, got "
+                f"logprobs_from={self.logprobs_from!r}"
+            )
+        if not isinstance(self.greedy, bool):
+            raise ValueError(f"greedy must be True or False, got greedy={self.greedy!r}")
+        if not float(self.tis_cap) >= 1:
+            raise ValueError(f"tis_cap must be >= 1, got tis_cap={self.tis_cap!r}")
 
 
 class Rollouts(NamedTuple):
@@ -33,9 +79,13 @@ class Rollouts(NamedTuple):
     prompt_lengths: jax.Array  # [R] int32
     tokens: jax.Array  # [R, M] int32 completion tokens (stop token included)
     lengths: jax.Array  # [R] int32 completion lengths
-    logprobs: jax.Array  # [R, M] float32 log pi_old of each completion token
+    logprobs: jax.Array  # [R, M] float32 log pi_old of each completion token, the trainer's
     rewards: jax.Array  # [R] float32
     correct: jax.Array  # [R] bool
+    # [R, M] float32 the same log-probs under the engine that sampled the tokens: `logprobs`
+    # itself for the built-in engine; vLLM's own, whose gap to the trainer's the update logs
+    # (and corrects for with `rollout.logprobs_from="engine"`).
+    engine_logprobs: jax.Array
 
 
 def sample_rollouts(
@@ -92,7 +142,34 @@ def sample_rollouts(
         logprobs=result.logprobs,
         rewards=jnp.zeros((num_slots,), jnp.float32),
         correct=jnp.zeros((num_slots,), bool),
+        engine_logprobs=result.logprobs,
     )
+
+
+def trainer_logprobs(
+    graphdef: nnx.GraphDef, *, temperature: float, chunk_size: int | None = None, mesh=None
+) -> Callable[[nnx.State, Rollouts], Rollouts]:
+    """A jitted `(params, rollouts) -> rollouts` whose `logprobs` are the trainer's log-probs of
+    the sampled tokens (one forward pass, at `temperature`, `chunk_size` positions of the output
+    projection at a time); `engine_logprobs` keep the engine's. The slots stay on `mesh`'s batch
+    axes.
+    """
+
+    @jax.jit
+    def rescore(params, rollouts: Rollouts) -> Rollouts:
+        model = nnx.merge(graphdef, params)
+        logprobs = completion_logprobs(
+            model,
+            jnp.asarray(rollouts.prompt_tokens),
+            jnp.asarray(rollouts.prompt_lengths),
+            jnp.asarray(rollouts.tokens),
+            jnp.asarray(rollouts.lengths),
+            temperature=temperature,
+            chunk_size=chunk_size,
+        )
+        return runtime.constrain_batch(mesh, rollouts._replace(logprobs=logprobs))
+
+    return rescore
 
 
 class RolloutEngine(Protocol):
@@ -197,7 +274,12 @@ class WeightSync:
 
 
 def rollout_phase(
-    engine: KVCacheEngine | WeightSync, prompt_tokens_DP, prompt_lengths_D, *, mesh=None
+    engine: KVCacheEngine | WeightSync,
+    prompt_tokens_DP,
+    prompt_lengths_D,
+    *,
+    mesh=None,
+    rescore: Callable[[nnx.State, Rollouts], Rollouts] | None = None,
 ) -> Callable:
     """The step's rollout function `(params, plan, prompt_ids_N, key) -> Rollouts`.
 
@@ -208,6 +290,8 @@ def rollout_phase(
       prompt_tokens_DP: the pool's D prompts, right-padded (host or device arrays).
       prompt_lengths_D: their lengths.
       mesh: the run's mesh: the rollouts' slots go on its batch axes (None: one device).
+      rescore: for another engine, `trainer_logprobs`: the trainer's log-probs replace the
+        engine's as log pi_old (None: the engine's are kept).
 
     Returns:
       The rollout function; its rewards are 0 until the reward phase scores them.
@@ -222,9 +306,10 @@ def rollout_phase(
             result = sync.engine.generate(
                 params, plan, prompt_tokens[prompt_ids], prompt_lengths[prompt_ids], key
             )
-            return jax.tree.map(
+            result = jax.tree.map(
                 lambda x: jax.device_put(x, runtime.batch_sharding(mesh, x.shape)), result
             )
+            return result if rescore is None else rescore(params, result)
 
         return external_rollout
 

@@ -152,8 +152,12 @@ def minibatch_step(
     weighted_adv_R: jax.Array,
     mask_RM: jax.Array,
     ref_params: nnx.State | None,
+    token_weight_RM: jax.Array | None = None,
 ):
     """One optimizer step on the slots `idx`: the clipped-surrogate loss, its gradient, AdamW.
+
+    `token_weight_RM`, when given, weights each token's surrogate term (the truncated importance
+    weights of an engine's samples, `losses.truncated_is_weights`).
 
     With `config.micro_batch_slots` the S slots are taken in micro-batches of that many (in the
     order of `idx`) by a `lax.scan` that sums their gradients, losses and metrics; every
@@ -189,6 +193,7 @@ def minibatch_step(
             ref_logp_RT=ref_logp,
             max_length=max_new_tokens,
             normalizer=normalizer,
+            token_weight_RT=None if token_weight_RM is None else token_weight_RM[micro_idx],
         )
         ref_logp = jnp.zeros_like(logp) if ref_logp is None else ref_logp
         return loss, (metrics, jax.lax.stop_gradient(logp), ref_logp)
@@ -236,6 +241,7 @@ def rollout_groups(
         logprobs=jax.ShapeDtypeStruct((*group, max_new_tokens), jnp.float32),
         rewards=jax.ShapeDtypeStruct(group, jnp.float32),
         correct=jax.ShapeDtypeStruct(group, jnp.bool_),
+        engine_logprobs=jax.ShapeDtypeStruct((*group, max_new_tokens), jnp.float32),
     )
 
 
@@ -249,6 +255,8 @@ def make_update(
     num_bins: int,
     prompt_adversary: PromptGDRO | None = None,
     group_filter: DynamicSampling | None = None,
+    mismatch_cap: float | None = None,
+    correct_mismatch: bool = False,
 ) -> Callable[[TrainState, Plan, jax.Array, Rollouts], tuple[TrainState, dict]]:
     """Builds the (unjitted) update `(state, plan, prompt_ids, rollouts) -> (state, metrics)`.
 
@@ -274,10 +282,18 @@ def make_update(
         score metrics only.
       group_filter: the group filter whose buffer `state.buffer` is (`n_mean` rollouts per
         prompt, no prompt weights), or None.
+      mismatch_cap: for an engine with log-probs of its own (`Rollouts.engine_logprobs`, vLLM):
+        the truncation C of the importance weights `pi_trainer / pi_engine`; the step then logs
+        the gap (`losses.logprob_mismatch`: "rollout/logprob_mismatch_mean", "..._max",
+        "rollout/is_weight_capped_fraction"). None (the built-in engine): nothing logged.
+      correct_mismatch: weight each token's surrogate term by `min(pi_trainer / pi_engine, C)`
+        (truncated importance sampling, `rollout.logprobs_from="engine"`); needs mismatch_cap.
 
     Returns:
       The update function. `build_run` jits it with the state donated.
     """
+    if correct_mismatch and mismatch_cap is None:
+        raise ValueError("correct_mismatch needs mismatch_cap, the truncation C of the weights")
     num_slots = num_prompts * gdro.n_mean
     if num_slots % config.num_minibatches:
         raise ValueError(
@@ -301,6 +317,11 @@ def make_update(
         given): `(params, opt_state, metrics of each mini-batch, current log-probs [R, M] and
         reference log-probs [R, M] in slot order)`."""
         weighted_adv_R = losses.weighted_advantages(adv_R, prompt_of_slot, weights_N)
+        token_weight_RM = None
+        if correct_mismatch:
+            token_weight_RM = losses.truncated_is_weights(
+                rollouts.logprobs, rollouts.engine_logprobs, mask_RM, cap=mismatch_cap
+            )
         # Mini-batches are random subsets of slots: groups were normalised over all R slots above.
         order = jax.random.permutation(perm_key, num_slots)
         minibatch_idx = order.reshape(config.num_minibatches, slots_per_minibatch)
@@ -313,6 +334,7 @@ def make_update(
             weighted_adv_R=weighted_adv_R,
             mask_RM=mask_RM,
             ref_params=state.ref_params,
+            token_weight_RM=token_weight_RM,
         )
         (params, opt_state), (mb_metrics, logp_bSM, ref_bSM) = jax.lax.scan(
             step, (state.params, state.opt_state), minibatch_idx
@@ -424,6 +446,11 @@ def make_update(
             )
         )
         metrics.update(filter_metrics)
+        if mismatch_cap is not None:
+            gap = losses.logprob_mismatch(
+                rollouts.logprobs, rollouts.engine_logprobs, mask_RM, cap=mismatch_cap
+            )
+            metrics.update({f"rollout/{name}": value for name, value in gap.items()})
         metrics["prompt/ids"] = prompt_ids  # the batch's prompts, as the step drew them
         metrics["prompt/correct"] = num_correct_N
         return new_state, metrics

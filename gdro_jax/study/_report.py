@@ -213,6 +213,8 @@ def plot_heldout(summary: dict) -> Figure:
         if name.endswith(f" pass@{k}") and name.startswith("L")
     )
     rows = ["warm_start", *arms]
+    # One colour per arm in both panels (the right one lists only the arms with a gain).
+    colors = {row: f"C{i}" for i, row in enumerate(rows)}
     legend_columns = min(len(rows), 8)
     legend_rows = -(-len(rows) // legend_columns)
     # Constrained layout keeps the legend below both panels, however many arms there are.
@@ -230,7 +232,10 @@ def plot_heldout(summary: dict) -> Figure:
             per_seed = np.asarray([[s[n] for n in names] for s in seeds])
             values, low, high = per_seed.mean(0), per_seed.min(0), per_seed.max(0)
         x = np.arange(len(labels)) + (i - (len(rows) - 1) / 2) * width
-        left.bar(x, values, width, label=arm, yerr=[values - low, high - values], capsize=2)
+        left.bar(
+            x, values, width, label=arm, yerr=[values - low, high - values], capsize=2,
+            color=colors[arm],
+        )  # fmt: skip
     left.set_xticks(np.arange(len(labels)), labels)
     left.set(
         ylim=(0, 1.05),
@@ -244,13 +249,14 @@ def plot_heldout(summary: dict) -> Figure:
         ncol=legend_columns,
     )
     primary = {arm: g for arm, g in summary["primary"].items() if g is not None}
-    for y, g in enumerate(primary.values()):
+    for y, (arm, g) in enumerate(primary.items()):
         right.errorbar(
             100 * g["gain"],
             y,
             xerr=[[100 * (g["gain"] - g["low"])], [100 * (g["high"] - g["gain"])]],
             fmt="o",
             capsize=3,
+            color=colors[arm],
         )
     right.axvline(0, color="grey", lw=0.5)
     right.set_yticks(range(len(primary)), list(primary))

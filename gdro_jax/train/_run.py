@@ -114,9 +114,11 @@ def build_run(
         `config.reward_values`.
       host_reward_fn: the same signature on numpy arrays, run on the host (e.g. a grader that
         cannot be jitted), under `config.reward_timeout_s`. At most one of the two.
-      rollout_engine: what samples the rollouts (a `step.RolloutEngine`); default the built-in
-        `step.KVCacheEngine`, fused into the jitted rollout phase. Another engine is called
-        outside jit and its `sync_weights` gets the parameters after every update.
+      rollout_engine: what samples the rollouts (a `step.RolloutEngine`); default the one
+        `config.rollout.engine` names: the built-in `step.KVCacheEngine`, fused into the jitted
+        rollout phase, or `step.VLLMEngine`. Another engine is called outside jit, its
+        `sync_weights` gets the parameters after every update, the trainer recomputes the
+        log-probs of its samples and the step logs the gap ("rollout/logprob_mismatch_*").
 
     Returns:
       The `Run`. Call `run.close()` when done (it stops the math grader's workers).
@@ -181,6 +183,14 @@ def _assemble(settings, task, reward_fn, host_reward_fn, closers, rollout_engine
         ),
     )
     reward, reward_name = _reward_phase(settings, task, mesh, reward_fn, host_reward_fn, closers)
+    # Another engine samples with its own kernels: the update logs (and may correct) the gap
+    # between its log-probs and the trainer's.
+    external = rollout_engine is not None or settings.rollout.engine != "kv_cache"
+    if settings.rollout.logprobs_from == "engine" and not external:
+        raise ValueError(
+            "config.rollout.logprobs_from='engine' corrects for another engine's log-probs; the "
+            "kv_cache engine samples with the trainer's own policy: use logprobs_from='trainer'"
+        )
     update_fn = step.make_update(
         graphdef,
         tx,
@@ -190,22 +200,43 @@ def _assemble(settings, task, reward_fn, host_reward_fn, closers, rollout_engine
         num_bins=settings.num_bins,
         prompt_adversary=prompt_adversary,
         group_filter=group_filter,
+        mismatch_cap=settings.rollout.tis_cap if external else None,
+        correct_mismatch=settings.rollout.logprobs_from == "engine",
     )
     replicated = None if mesh is None else NamedSharding(mesh, P())
     update = jax.jit(
         update_fn, donate_argnums=0, out_shardings=(step.state_shardings(state), replicated)
     )
+    rescore = None
+    if rollout_engine is None and settings.rollout.engine == "vllm":
+        rollout_engine = step.VLLMEngine(
+            graphdef,
+            state.params,
+            max_prompt_tokens=task.prompt_tokens.shape[1],
+            max_new_tokens=settings.max_new_tokens,
+            temperature=settings.grpo.temperature,
+            eos_ids=task.eos_ids,
+            greedy=settings.rollout.greedy,
+            settings=settings.vllm,
+        )
+        closers.append(rollout_engine.close)
     if rollout_engine is None:
         engine = step.KVCacheEngine(
             graphdef,
             max_new_tokens=settings.max_new_tokens,
-            temperature=settings.grpo.temperature,
+            temperature=0.0 if settings.rollout.greedy else settings.grpo.temperature,
             eos_ids=task.eos_ids,
             micro_batch_slots=settings.rollout_micro_batch_slots,
         )
     else:
         engine = step.WeightSync(rollout_engine)
         update = engine.after(update)
+        rescore = step.trainer_logprobs(
+            graphdef,
+            temperature=settings.grpo.temperature,
+            chunk_size=settings.grpo.logprob_chunk_tokens,
+            mesh=mesh,
+        )
     task_config = settings.chain
     return Run(
         settings=settings,
@@ -218,7 +249,9 @@ def _assemble(settings, task, reward_fn, host_reward_fn, closers, rollout_engine
         state=state,
         gdro=gdro,
         plan=jax.jit(gdro.plan, out_shardings=replicated),
-        rollout=step.rollout_phase(engine, task.prompt_tokens, task.prompt_lengths, mesh=mesh),
+        rollout=step.rollout_phase(
+            engine, task.prompt_tokens, task.prompt_lengths, mesh=mesh, rescore=rescore
+        ),
         reward=reward,
         update=update,
         prompt_batches=_prompt_batches(settings, num_dataset_prompts),

@@ -19,6 +19,8 @@ import shutil
 import subprocess
 import sys
 
+import matplotlib
+import matplotlib.container
 import ml_collections
 import numpy as np
 import pytest
@@ -410,6 +412,25 @@ def test_the_figures_along_the_runs_and_the_rollouts_to_the_baselines_final(tmp_
     assert curves["grpo"]["pooled pass@1"][-1] == pytest.approx(
         summary["mean"]["grpo"]["pooled pass@1"]
     )
+
+
+def test_an_arm_has_one_colour_in_both_panels_of_the_heldout_figure(tmp_path):
+    """The per-level bars and the primary gains' markers: an arm's colour is the same in both
+    (the right panel lists no warm start and no baseline, so a colour cycle per panel shifts)."""
+    config = _fabricated_study(tmp_path)
+    summary = study.collect(config, tmp_path, check_stamps=False)
+    figure = study.plot_heldout(summary)
+    left, right = figure.axes[:2]
+    bars = {
+        c.get_label(): c.patches[0].get_facecolor()
+        for c in left.containers
+        if isinstance(c, matplotlib.container.BarContainer)
+    }
+    markers = [line.get_color() for line in right.get_lines() if line.get_marker() == "o"]
+    gains = [arm for arm, gain in summary["primary"].items() if gain is not None]
+    assert gains == ["gdro_both"] and len(markers) == 1
+    assert matplotlib.colors.to_rgba(markers[0]) == bars["gdro_both"]
+    assert bars["gdro_both"] != bars["warm_start"] != bars["grpo"]
 
 
 def test_levels_count_equally_whatever_their_problem_counts(tmp_path):

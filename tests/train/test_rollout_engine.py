@@ -2,14 +2,19 @@
 synced after every update; the built-in engine's micro-batches change nothing; the
 `config.rollout` block is validated, optional and changeable on resume."""
 
+import math
+import re
+import sys
+
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+from flax import nnx
 
-from gdro_jax import configs, tasks, train
-from gdro_jax.step import KVCacheEngine, Rollouts
+from gdro_jax import configs, losses, tasks, train
+from gdro_jax.step import KVCacheEngine, MissingExtraError, Rollouts
 from tests.train.configs import small_run_config
 
 
@@ -51,14 +56,16 @@ class HalfOracle:
                 completion_lengths[r] = int(np.argmax(solution == tasks.EOS_ID)) + 1
                 tokens[r, : completion_lengths[r]] = solution[: completion_lengths[r]]
         within = np.arange(M)[None] < completion_lengths[:, None]
+        logprobs = np.where(within, -np.log(self.vocab), 0.0).astype(np.float32)
         return Rollouts(
             prompt_tokens=left,
             prompt_lengths=lengths[prompt_of_slot].astype(np.int32),
             tokens=tokens,
             lengths=completion_lengths,
-            logprobs=np.where(within, -np.log(self.vocab), 0.0).astype(np.float32),
+            logprobs=logprobs,
             rewards=np.zeros(R, np.float32),
             correct=np.zeros(R, bool),
+            engine_logprobs=logprobs,
         )
 
     def sync_weights(self, params):
@@ -135,3 +142,92 @@ def test_the_rollout_block_is_optional_and_resumable():
     configs.read_run_config(old)
     assert configs.config_differences(configs.config_dict(old), config) == []
     assert configs.config_differences(configs.config_dict(config), small_run_config("grpo")) == []
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"rollout.engine": "sglang"}, "engine must be one of kv_cache, vllm, got engine='sglang'"),
+        ({"rollout.logprobs_from": "both"}, "logprobs_from must be one of trainer, engine"),
+        ({"rollout.tis_cap": 0.5}, "tis_cap must be >= 1"),
+        ({"rollout.greedy": True, "grpo.temperature": 0.7}, "set config.grpo.temperature=1.0"),
+        ({"rollout.vllm.dtype": "int8"}, "config.rollout.vllm.dtype must be one of auto"),
+        ({"rollout.vllm.max_num_seqs": 0}, "config.rollout.vllm.max_num_seqs must be a positive"),
+    ],
+)
+def test_the_engine_fields_are_validated(overrides, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        configs.read_run_config(small_run_config("grpo", **overrides))
+
+
+def test_logprobs_from_engine_is_refused_for_the_kv_cache_engine():
+    with pytest.raises(ValueError, match="the kv_cache engine samples with the trainer's own"):
+        train.build_run(small_run_config("grpo", **{"rollout.logprobs_from": "engine"}))
+
+
+@pytest.mark.parametrize("logprobs_from", ["trainer", "engine"])
+def test_another_engines_tokens_are_weighted_by_the_truncated_ratio(logprobs_from):
+    """One mini-batch, at the step's own parameters (ratio 1): the policy loss is
+    -sum_t w_t A_i / tokens, with w_t = min(pi_trainer / pi_engine, C) under logprobs_from=engine
+    (pi_engine: the oracle's uniform log-probs) and 1 under trainer."""
+    cap = 1.0  # a random policy stays near the uniform pi_engine: ratios on both sides of 1
+    config = small_run_config(
+        "grpo",
+        max_new_tokens=48,
+        **{
+            "grpo.num_minibatches": 1,
+            "rollout.logprobs_from": logprobs_from,
+            "rollout.tis_cap": cap,
+        },
+    )
+    run = train.build_run(config, rollout_engine=HalfOracle(config))
+    ids = jnp.asarray(next(run.prompt_batches), jnp.int32)
+    plan = run.plan(run.state.gdro, ids, jax.random.key(1))
+    rollouts = run.reward(ids, run.rollout(run.state.params, plan, ids, jax.random.key(2)), plan)
+    trainer, engine = np.asarray(rollouts.logprobs), np.asarray(rollouts.engine_logprobs)
+    advantages = np.asarray(
+        losses.group_advantages(rollouts.rewards, plan.prompt_of_slot, config.num_prompts)
+    )
+    lengths = np.asarray(rollouts.lengths)
+    total, tokens, capped = 0.0, 0, 0
+    for r in range(len(lengths)):
+        for t in range(lengths[r]):
+            ratio = math.exp(float(trainer[r, t]) - float(engine[r, t]))
+            weight = min(ratio, cap) if logprobs_from == "engine" else 1.0
+            total += weight * float(advantages[r])
+            tokens += 1
+            capped += ratio > cap
+    _, metrics = run.update(run.state, plan, ids, rollouts)
+    assert 0 < capped < tokens  # the cap binds on some tokens only
+    assert float(metrics["pg_loss"]) == pytest.approx(-total / tokens, rel=1e-5, abs=1e-7)
+    assert float(metrics["rollout/is_weight_capped_fraction"]) == pytest.approx(capped / tokens)
+
+
+def test_asking_for_vllm_without_the_extra_names_the_extra(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # as if not installed
+    config = small_run_config("grpo", **{"rollout.engine": "vllm", "model.head_dim": 32})
+    with pytest.raises(MissingExtraError, match=re.escape("pip install -e '.[vllm]'")):
+        train.train(config, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_greedy_kv_cache_rollouts_are_the_argmax_of_the_trainers_logits():
+    """`rollout.greedy`: every token is the most likely one under the policy (checked against a
+    full forward pass), and the log-probs are under temperature 1."""
+    run = train.build_run(small_run_config("grpo", **{"rollout.greedy": True}))
+    ids = jnp.asarray(next(run.prompt_batches), jnp.int32)
+    plan = run.plan(run.state.gdro, ids, jax.random.key(1))
+    rollouts = run.rollout(run.state.params, plan, ids, jax.random.key(2))
+    model = nnx.merge(run.graphdef, run.state.params)
+    prompts, lengths = np.asarray(rollouts.prompt_tokens), np.asarray(rollouts.prompt_lengths)
+    tokens, completion = np.asarray(rollouts.tokens), np.asarray(rollouts.lengths)
+    for r in range(tokens.shape[0]):
+        sequence = np.concatenate([prompts[r, prompts.shape[1] - lengths[r] :], tokens[r]])
+        positions = jnp.arange(len(sequence))[None]
+        logits = np.asarray(model(jnp.asarray(sequence[None]), positions)[0], np.float64)
+        for t in range(completion[r]):
+            step_logits = logits[lengths[r] + t - 1]
+            assert tokens[r, t] == np.argmax(step_logits), (r, t)
+            top = step_logits.max()
+            log_softmax = step_logits - top - np.log(np.sum(np.exp(step_logits - top)))
+            assert rollouts.logprobs[r, t] == pytest.approx(log_softmax[tokens[r, t]], abs=1e-4)

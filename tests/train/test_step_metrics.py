@@ -45,6 +45,7 @@ def _inputs(with_prompt_adversary):
         logprobs=jnp.asarray(logprobs, jnp.float32),
         rewards=jnp.asarray(REWARDS, jnp.float32),
         correct=jnp.asarray(REWARDS > 0),
+        engine_logprobs=jnp.asarray(logprobs, jnp.float32),
     )
     adversary = None
     prompt_state = None

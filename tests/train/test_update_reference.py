@@ -202,6 +202,7 @@ def _batch(graphdef, params, plan, temperature, seed):
         logprobs=jnp.zeros((NUM_SLOTS, MAX_NEW_TOKENS), jnp.float32),
         rewards=jnp.asarray(rewards, jnp.float32),
         correct=jnp.asarray(rewards > 0),
+        engine_logprobs=jnp.zeros((NUM_SLOTS, MAX_NEW_TOKENS), jnp.float32),
     )
     current = jax.jit(reference_logprobs, static_argnums=(0, 4), compiler_options=FAST_COMPILE)(
         graphdef, params, batch, jnp.arange(NUM_SLOTS), temperature

