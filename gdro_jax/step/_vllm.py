@@ -169,6 +169,7 @@ class VLLMEngine:
         _environment()
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(settings.cpu_kvcache_space_gib)
         from vllm import LLM  # noqa: PLC0415 (optional extra)
+        from vllm.platforms import current_platform  # noqa: PLC0415
 
         self.graphdef = graphdef
         self.max_new_tokens = max_new_tokens
@@ -180,16 +181,22 @@ class VLLMEngine:
         models.save_pretrained(model, self._folder.name)
         # vLLM's own "auto" would take bfloat16 on the CPU build for float32 weights.
         dtype = model.config.compute_dtype if settings.dtype == "auto" else settings.dtype
+        scheduling = {}
+        if current_platform.is_cpu():
+            # A seeded request whose prefill is split draws other tokens on the CPU build: there
+            # every prompt of a batch is prefilled whole. (On GPUs vLLM profiles its memory with
+            # a batch of this many tokens, so its own defaults stay.)
+            scheduling = dict(
+                enable_chunked_prefill=False,
+                max_num_batched_tokens=max(settings.max_num_seqs * context, 2048),
+            )
         self.llm = LLM(
             model=self._folder.name,
             skip_tokenizer_init=True,
             dtype=str(dtype),
             max_model_len=context,
             max_num_seqs=settings.max_num_seqs,
-            # A seeded request whose prefill is split draws other tokens on the CPU build: every
-            # prompt of a batch is prefilled whole.
-            enable_chunked_prefill=False,
-            max_num_batched_tokens=max(settings.max_num_seqs * context, 2048),
+            **scheduling,
             enable_prefix_caching=settings.enable_prefix_caching,
             gpu_memory_utilization=settings.gpu_memory_utilization,
             enforce_eager=settings.enforce_eager,
