@@ -75,17 +75,23 @@ def descriptions(schemas: Mapping[str, Callable[[], Mapping[str, Any]]]) -> dict
     return out
 
 
-def _unused_blocks(config: Mapping[str, Any]) -> set[str]:
-    """The blocks of a run config that its method and task kind do not read."""
+def _unused_blocks(config: Mapping[str, Any]) -> dict[str, str]:
+    """`{block: the setting that would use it}` for the blocks of a run config that its
+    method, task kind and rollout engine do not read (`rollout.vllm` for a sub-block)."""
     method = config.get("method")
     if not isinstance(method, str) or method not in controllers.METHODS:
-        return set()
+        return {}
     used = set(controllers.get_method(method).parts().values())
     parts = {name for options in controllers.PARTS.values() for name in options}
-    unused = parts - used
-    kind = config.get("task_kind", "chain")
-    unused |= {"math"} if kind == "chain" else {"task"}
-    return {block for block in unused if block in config}
+    unused = dict.fromkeys(parts - used, "another method")
+    if config.get("task_kind", "chain") == "chain":
+        unused["math"] = "task_kind=math"
+    else:
+        unused["task"] = "task_kind=chain"
+    rollout = config.get("rollout")
+    if hasattr(rollout, "items") and "vllm" in rollout and rollout.get("engine") != "vllm":
+        unused["rollout.vllm"] = "engine=vllm"
+    return {block: why for block, why in unused.items() if block.split(".")[0] in config}
 
 
 def config_lines(
@@ -96,8 +102,8 @@ def config_lines(
     width: int = WIDTH,
 ) -> list[str]:
     """Every field of `config` (`<field>=<default>  help`, a block's fields under its name, so
-    `--config.<block>.<field>`), top-level fields first, then block by block; blocks the run
-    does not use are packed, `name=default` only."""
+    `--config.<block>.<field>`), top-level fields first, then block by block; blocks (and
+    sub-blocks) the run does not use are packed, `name=default` only."""
     lines: list[str] = []
     top = [(name, value) for name, value in config.items() if not hasattr(value, "items")]
     blocks = [(name, value) for name, value in config.items() if hasattr(value, "items")]
@@ -118,40 +124,29 @@ def config_lines(
             break_on_hyphens=False,
         )
 
+    def packed_lines(block: str, leaves: list[tuple[str, Any]], indent: str) -> list[str]:
+        """`<name> (used with ...): field=default ...`, wrapped, for an unused (sub-)block."""
+        packed = " ".join(f"{n.removeprefix(block + '.')}={_format_value(v)}" for n, v in leaves)
+        head = f"{indent}{block.rsplit('.', 1)[-1]} (used with {unused[block]}): "
+        return textwrap.wrap(
+            packed, width=width, initial_indent=head, subsequent_indent=indent + "    "
+        )
+
     for name, value in top:
         lines.extend(field_lines(name, value, "  ", name))
     for block, values in blocks:
         leaves = _leaves(values, f"{block}.")
         if block in unused:
-            packed = " ".join(f"{n.split('.', 1)[1]}={_format_value(v)}" for n, v in leaves)
-            why = "task_kind=math" if block == "math" else "another method"
-            if block == "task":
-                why = "task_kind=chain"
-            head = f"  {block} (used with {why}): "
-            lines.extend(
-                textwrap.wrap(packed, width=width, initial_indent=head, subsequent_indent="      ")
-            )
+            lines.extend(packed_lines(block, leaves, "  "))
             continue
         lines.append(f"  {block}:")
-        engine = values.get("engine") if block == "rollout" else None
+        inner = [b for b in unused if b.startswith(f"{block}.")]
         for name, value in leaves:
-            shown = name.split(".", 1)[1]
-            if engine not in (None, "vllm") and shown.startswith("vllm."):
-                continue  # packed below: the kv_cache engine reads none of them
-            lines.extend(field_lines(name, value, "    ", shown))
-        if engine not in (None, "vllm"):
-            packed = " ".join(
-                f"{n.split('.', 2)[2]}={_format_value(v)}"
-                for n, v in leaves
-                if n.startswith("rollout.vllm.")
-            )
+            if not any(name.startswith(f"{b}.") for b in inner):
+                lines.extend(field_lines(name, value, "    ", name.split(".", 1)[1]))
+        for sub in inner:
             lines.extend(
-                textwrap.wrap(
-                    packed,
-                    width=width,
-                    initial_indent="    vllm (used with engine=vllm): ",
-                    subsequent_indent="        ",
-                )
+                packed_lines(sub, [(n, v) for n, v in leaves if n.startswith(f"{sub}.")], "    ")
             )
     return lines
 
