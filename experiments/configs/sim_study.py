@@ -21,6 +21,16 @@ profile's test counts, fitted to its warm start and GRPO runs on the validation 
         --results=results/study_graded_validation --nostore
     python -m experiments.simulate_study --config=experiments/configs/sim_study.py:graded \\
         --workdir=runs/sim_study_graded
+
+`sim_study.py:cliff_declared` is the first profile (the runs have the same shape) beside the
+declared study's cliff profile, fitted to that study's own warm start and GRPO runs on the
+validation split:
+
+    python -m experiments.compare --config=experiments/configs/rivals_study.py:cliff \\
+        --workdir=runs/study_cliff --config.eval.split=validation --config.run=grpo \\
+        --results=results/study_cliff_validation --nostore
+    python -m experiments.simulate_study --config=experiments/configs/sim_study.py:cliff_declared \\
+        --workdir=runs/sim_study_cliff
 """
 
 import ml_collections
@@ -28,7 +38,7 @@ import ml_collections
 from experiments.configs import rivals_study, sim_default, study
 from gdro_jax import tasks
 
-PROFILES = ("cliff", "graded")
+PROFILES = ("cliff", "graded", "cliff_declared")
 
 
 def get_config(profile: str = "cliff") -> ml_collections.ConfigDict:
@@ -58,6 +68,10 @@ def get_config(profile: str = "cliff") -> ml_collections.ConfigDict:
         config.classifier.statistic = run.classifier.statistic
         config.reference = "results/study_graded_validation/study.json"
         config.study = "results/study_graded/study.json"
+    if profile == "cliff_declared":
+        run = rivals_study.get_config("cliff").train
+        config.reference = "results/study_cliff_validation/study.json"
+        config.study = "results/study_cliff/study.json"
     # The study's test problems per level: the frontier's predicted figure weighs levels by them.
     test_split = tasks.ChainTaskConfig(**run.task.to_dict())
     config.test_problems = tuple(

@@ -197,11 +197,16 @@ def test_simulate_study_end_to_end(tmp_path):
     assert "prompt_gdro" in (tmp_path / "out" / "comparison.md").read_text()
 
 
-def test_the_graded_simulation_has_the_graded_studys_shape():
-    """`sim_study.py:graded` models the declared study's graded runs: its levels, pool, prompts
-    and rollouts per step, classifier statistic and test counts are the study's run config's."""
-    config = sim_study.get_config("graded")
-    run = rivals_study.get_config("graded").train
+@pytest.mark.parametrize(
+    ("profile", "study_profile", "statistic"),
+    [("graded", "graded", "mean_accuracy"), ("cliff_declared", "cliff", "pass_at_k")],
+)
+def test_each_declared_profiles_simulation_has_its_studys_shape(profile, study_profile, statistic):
+    """`sim_study.py:graded` and `:cliff_declared` model the declared study's runs: levels, pool,
+    prompts and rollouts per step, classifier statistic and test counts are the study's run
+    config's, and the simulator is fitted to that study's own validation reference."""
+    config = sim_study.get_config(profile)
+    run = rivals_study.get_config(study_profile).train
     assert (config.num_levels, config.tail_base, config.pool_size) == (
         run.task.num_levels,
         run.task.tail_base,
@@ -212,6 +217,7 @@ def test_the_graded_simulation_has_the_graded_studys_shape():
         run.n_mean,
         run.steps,
     )
-    assert config.classifier.statistic == run.classifier.statistic == "mean_accuracy"
+    assert config.classifier.statistic == run.classifier.statistic == statistic
     assert config.test_problems == run.task.test_per_level
-    assert config.reference.startswith("results/study_graded_validation/")
+    assert config.reference == f"results/study_{study_profile}_validation/study.json"
+    assert config.study == f"results/study_{study_profile}/study.json"
