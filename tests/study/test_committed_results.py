@@ -3,7 +3,7 @@
 `results/study_<profile>/runs/` holds every finished run's evaluation file and the warm start's;
 `collect` must rebuild from them, without training or evaluating anything, exactly the tables
 and summary committed beside them and the block `compare` wrote into RESULTS.md. A run file
-edited, lost or left uncommitted, or a table edited by hand, fails here.
+edited or lost (or, in a clean clone, left uncommitted), or a table edited by hand, fails here.
 """
 
 import json
