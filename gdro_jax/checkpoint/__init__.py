@@ -12,6 +12,7 @@ from gdro_jax.checkpoint._orbax import (
     CORRUPT_DIR,
     FORMAT_VERSION,
     Checkpoint,
+    CheckpointError,
     abstract_state,
     checkpoint_manager,
     restore_checkpoint,
@@ -26,7 +27,6 @@ from gdro_jax.checkpoint._policy import (
     policy_architecture,
     restore_policy,
 )
-from gdro_jax.models import CheckpointError
 
 __all__ = [
     "CHECKPOINT_DIR",

@@ -41,11 +41,14 @@ import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging as absl_logging
 
-from gdro_jax.models import CheckpointError
-
 CHECKPOINT_DIR = "checkpoints"  # inside the workdir
 CORRUPT_DIR = "checkpoints_corrupt"  # unusable step folders are moved here, never deleted
 FORMAT_VERSION = 1
+
+
+class CheckpointError(ValueError):
+    """A training run's checkpoint folder where checkpoints exist but none can be restored. (An
+    HF model folder that does not match its config raises `models.ModelFolderError`.)"""
 
 
 class Checkpoint(NamedTuple):

@@ -23,6 +23,7 @@ from gdro_jax import configs, models
 from gdro_jax.checkpoint._orbax import (
     CHECKPOINT_DIR,
     FORMAT_VERSION,
+    CheckpointError,
     _abstract_leaf,
     _lookup,
     _named_leaves,
@@ -32,7 +33,6 @@ from gdro_jax.checkpoint._orbax import (
     state_checksums,
     step_path,
 )
-from gdro_jax.models import CheckpointError
 
 
 class RestoredPolicy(NamedTuple):

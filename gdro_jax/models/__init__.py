@@ -14,7 +14,7 @@ from gdro_jax.models._decoder import (
 from gdro_jax.models._footprint import Footprint, memory_footprint
 from gdro_jax.models._hf_io import (
     MODEL_DIR,
-    CheckpointError,
+    ModelFolderError,
     from_pretrained,
     hf_tensors,
     load_tokenizer,
@@ -37,12 +37,12 @@ __all__ = [
     "MESH_AXES",
     "MODEL_DIR",
     "SUPPORTED_ARCHITECTURES",
-    "CheckpointError",
     "Decoder",
     "DecoderConfig",
     "DecoderLayers",
     "KVCache",
     "Llama3RopeScaling",
+    "ModelFolderError",
     "ShardingConfig",
     "abstract_decoder",
     "constrain",

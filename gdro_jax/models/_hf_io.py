@@ -65,9 +65,10 @@ _TOP_TENSORS = {
 }
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be used: an HF model folder that does not match its config (or a
-    config this decoder cannot run), or a training run's folder where no checkpoint restores."""
+class ModelFolderError(ValueError):
+    """An HF model folder whose tensors do not match its `config.json`: a missing tensor, an
+    unexpected one or a wrong shape. (A training run's checkpoints that cannot be restored raise
+    `checkpoint.CheckpointError`.)"""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -200,20 +201,20 @@ def _check_tensors(
     missing = [n for n in expected if n not in found]
     if missing:
         more = f" (and {len(missing) - 1} more missing)" if len(missing) > 1 else ""
-        raise CheckpointError(
+        raise ModelFolderError(
             f"{where}: missing tensor {missing[0]!r}: expected shape {expected[missing[0]]}, "
             f"found no such tensor{more}"
         )
     extra = [n for n in found if n not in expected and not _ignorable(n, config)]
     if extra:
         more = f" (and {len(extra) - 1} more unexpected)" if len(extra) > 1 else ""
-        raise CheckpointError(
+        raise ModelFolderError(
             f"{where}: unexpected tensor {extra[0]!r}: expected no such tensor, found shape "
             f"{found[extra[0]]}{more}"
         )
     for name, shape in expected.items():
         if tuple(found[name]) != tuple(shape):
-            raise CheckpointError(
+            raise ModelFolderError(
                 f"{where}: tensor {name!r} has the wrong shape: expected {tuple(shape)}, "
                 f"found {tuple(found[name])}"
             )
@@ -247,7 +248,7 @@ def from_pretrained(
       The Decoder, its parameters placed on their shards.
 
     Raises:
-      CheckpointError: for a missing tensor, an unexpected tensor or a wrong shape (naming the
+      ModelFolderError: for a missing tensor, an unexpected tensor or a wrong shape (naming the
         tensor, the expected and the found value); ValueError naming the config.json field for an
         unsupported architecture; FileNotFoundError for missing files.
     """

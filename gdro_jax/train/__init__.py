@@ -13,7 +13,7 @@ The errors `train` raises are here too: `RewardError` and `NonFiniteStepsError` 
 step), `CheckpointError`, `TrainingInterrupted`.
 """
 
-from gdro_jax.models import CheckpointError
+from gdro_jax.checkpoint import CheckpointError
 from gdro_jax.step import NonFiniteStepsError, RewardError
 from gdro_jax.train._loop import SNAPSHOT_DIR, describe_outputs, run_step, snapshot_path, train
 from gdro_jax.train._preemption import TrainingInterrupted

@@ -13,7 +13,7 @@ import os
 from typing import Any
 
 from gdro_jax import checkpoint, configs
-from gdro_jax.models import CheckpointError
+from gdro_jax.checkpoint import CheckpointError
 
 
 def open_checkpoints(settings: configs.RunSettings, workdir):

@@ -12,7 +12,7 @@ import transformers
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
-from gdro_jax.models import CheckpointError, from_pretrained, load_tokenizer, save_pretrained
+from gdro_jax.models import ModelFolderError, from_pretrained, load_tokenizer, save_pretrained
 from tests.models.hf_helpers import (
     hf_logits,
     make_hf_model,
@@ -122,7 +122,7 @@ def _copy_with(clean_folder, tmp_path, edit_tensors=None, edit_config=None):
 def test_missing_tensor_error_names_it(clean_folder, tmp_path):
     name = "model.layers.1.self_attn.k_norm.weight"
     folder = _copy_with(clean_folder, tmp_path, edit_tensors=lambda t: t.pop(name))
-    with pytest.raises(CheckpointError) as error:
+    with pytest.raises(ModelFolderError) as error:
         from_pretrained(folder)
     message = str(error.value)
     assert name in message and "expected shape (16,)" in message and "found no such" in message
@@ -133,7 +133,7 @@ def test_extra_tensor_error_names_it(clean_folder, tmp_path):
     folder = _copy_with(
         clean_folder, tmp_path, edit_tensors=lambda t: t.update({name: np.zeros((3, 2), "f4")})
     )
-    with pytest.raises(CheckpointError) as error:
+    with pytest.raises(ModelFolderError) as error:
         from_pretrained(folder)
     message = str(error.value)
     assert name in message and "expected no such tensor" in message and "(3, 2)" in message
@@ -144,7 +144,7 @@ def test_wrong_shape_error_names_tensor_expected_and_found(clean_folder, tmp_pat
     folder = _copy_with(
         clean_folder, tmp_path, edit_tensors=lambda t: t.update({name: np.zeros((95, 64), "f4")})
     )
-    with pytest.raises(CheckpointError) as error:
+    with pytest.raises(ModelFolderError) as error:
         from_pretrained(folder)
     message = str(error.value)
     assert name in message and "expected (96, 64)" in message and "found (95, 64)" in message
