@@ -13,7 +13,7 @@ from typing import Any
 import ml_collections
 import optax
 
-from gdro_jax import controllers, models, runtime
+from gdro_jax import controllers, models
 
 
 def _named(block: str, factory, *args, **kwargs):
@@ -233,4 +233,4 @@ def policy_config(config: Mapping[str, Any]) -> models.DecoderConfig:
 
 def run_mesh(settings):
     """The run's `data` x `fsdp` x `tensor` mesh; None for one device."""
-    return runtime.run_mesh(*settings.mesh)
+    return models.run_mesh(*settings.mesh)

@@ -34,7 +34,8 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from gdro_jax.models._config import DecoderConfig
-from gdro_jax.models._sharding import ShardingConfig, check_mesh, constrain, state_shardings
+from gdro_jax.models._mesh import check_mesh
+from gdro_jax.models._sharding import ShardingConfig, constrain, state_shardings
 
 _INIT_STD = 0.02  # transformers' `initializer_range` default for these families
 # A finite "minus infinity": a query whose keys are all masked (a pad row) gets a uniform softmax

@@ -11,7 +11,8 @@ from flax import nnx
 
 from gdro_jax.models._config import DecoderConfig
 from gdro_jax.models._decoder import abstract_decoder
-from gdro_jax.models._sharding import MESH_AXES, ShardingConfig, fit_spec
+from gdro_jax.models._mesh import MESH_AXES, fit_spec
+from gdro_jax.models._sharding import ShardingConfig
 
 
 class Footprint(NamedTuple):

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from gdro_jax import configs, models, runtime, tasks
+from gdro_jax import configs, models, tasks
 from gdro_jax.planner._planner import Planner, bytes_per_device
 
 GIB = 1024**3
@@ -267,7 +267,7 @@ def memory_plan(
       ValueError: naming `config.mesh` when it differs from `mesh`, or any field
         `configs.read_run_config` refuses.
     """
-    shape = runtime.mesh_shape(mesh)
+    shape = models.mesh_shape(mesh)
     settings = _settings(config, shape)
     budget = _budget_bytes(settings)
     planner = Planner(settings, mesh, task)
@@ -369,7 +369,7 @@ def check_memory_plan(
         (`rollout.micro_batch_slots` for the rollout's KV cache, `grpo.micro_batch_slots` for
         the update's temporaries, `mesh.fsdp` for the persistent state) and holds the table.
     """
-    settings = _settings(config, runtime.mesh_shape(mesh))
+    settings = _settings(config, models.mesh_shape(mesh))
     if settings.device_memory_gib is None:
         return None
     plan = memory_plan(settings, mesh, task=task, early_exit=True)

@@ -26,7 +26,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from gdro_jax import configs, models, runtime, tasks
+from gdro_jax import configs, models, tasks
 from gdro_jax.step import (
     KVCacheEngine,
     TrainState,
@@ -76,7 +76,7 @@ class Planner:
         self.num_slots = settings.num_slots
         self.grpo_config = settings.grpo
         self.minibatch_slots = self.num_slots // self.grpo_config.num_minibatches
-        data, fsdp, tensor = runtime.mesh_shape(mesh)
+        data, fsdp, tensor = models.mesh_shape(mesh)
         self.batch_shards = data * fsdp
         if task is not None:
             self.prompt_width = int(task.prompt_tokens.shape[1])
@@ -159,7 +159,7 @@ class Planner:
 
     def kv_cache_bytes(self, slots: int) -> int:
         """Keys and values of `slots` sequences of P + M cache slots, per device (by hand)."""
-        data, fsdp, tensor = runtime.mesh_shape(self.mesh)
+        data, fsdp, tensor = models.mesh_shape(self.mesh)
         return models.memory_footprint(
             self.model_config,
             data=data,

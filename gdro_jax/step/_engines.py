@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from gdro_jax import runtime
+from gdro_jax import models
 from gdro_jax.controllers import Plan
 from gdro_jax.sampling import completion_logprobs, generate
 
@@ -167,7 +167,7 @@ def trainer_logprobs(
             temperature=temperature,
             chunk_size=chunk_size,
         )
-        return runtime.constrain_batch(mesh, rollouts._replace(logprobs=logprobs))
+        return models.constrain_batch(mesh, rollouts._replace(logprobs=logprobs))
 
     return rescore
 
@@ -307,7 +307,7 @@ def rollout_phase(
                 params, plan, prompt_tokens[prompt_ids], prompt_lengths[prompt_ids], key
             )
             result = jax.tree.map(
-                lambda x: jax.device_put(x, runtime.batch_sharding(mesh, x.shape)), result
+                lambda x: jax.device_put(x, models.batch_sharding(mesh, x.shape)), result
             )
             return result if rescore is None else rescore(params, result)
 
@@ -318,6 +318,6 @@ def rollout_phase(
         result = engine.generate(
             params, plan, prompt_tokens[prompt_ids], prompt_lengths[prompt_ids], key
         )
-        return runtime.constrain_batch(mesh, result)
+        return models.constrain_batch(mesh, result)
 
     return rollout

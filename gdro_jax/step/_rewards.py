@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gdro_jax import controllers, runtime
+from gdro_jax import controllers, models, runtime
 from gdro_jax.step._engines import Rollouts
 
 
@@ -121,14 +121,14 @@ def device_reward_phase(reward_fn: Callable, mesh) -> Callable:
         scored = rollouts._replace(
             rewards=jnp.asarray(rewards_R, jnp.float32), correct=jnp.asarray(correct_R, bool)
         )
-        return runtime.constrain_batch(mesh, scored)
+        return models.constrain_batch(mesh, scored)
 
     return reward
 
 
 def host_reward_phase(caller: HostRewardCaller, mesh, num_slots: int) -> Callable:
     """The reward phase for a numpy reward: device -> host -> checked -> device."""
-    slot_sharding = runtime.batch_sharding(mesh, (num_slots,))
+    slot_sharding = models.batch_sharding(mesh, (num_slots,))
 
     def reward(prompt_ids, rollouts: Rollouts, plan: controllers.Plan) -> Rollouts:
         if jax.process_count() > 1:

@@ -38,7 +38,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from tqdm.auto import tqdm
 
-from gdro_jax import configs, losses, models, runtime, tasks
+from gdro_jax import configs, losses, models, tasks
 from gdro_jax import eval as evaluation
 from gdro_jax.models import MODEL_DIR, fit_spec
 
@@ -276,7 +276,7 @@ def pretrain(
         shutil.rmtree(model_dir)
 
     cpu_start = time.process_time()
-    mesh = runtime.run_mesh(*configs.mesh_shape_of(config)) if mesh is None else mesh
+    mesh = models.run_mesh(*configs.mesh_shape_of(config)) if mesh is None else mesh
     trained = pretrain_model(config, mesh=mesh)
     train_cpu_seconds = time.process_time() - cpu_start
 

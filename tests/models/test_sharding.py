@@ -1,5 +1,6 @@
 """The decoder on an 8-device fake CPU mesh (data 2, fsdp 2, tensor 2): parameters really sharded
-as declared, and forward passes and gradients equal to one device's; spec fitting; remat."""
+as declared, and forward passes and gradients equal to one device's; spec fitting; remat; the
+run-level mesh helpers (None for one device, batches on data x fsdp)."""
 
 import hypothesis.strategies as st
 import jax
@@ -14,11 +15,15 @@ from jax.sharding import PartitionSpec as P
 
 from gdro_jax.models import (
     DecoderConfig,
+    batch_sharding,
+    constrain_batch,
     fit_spec,
     from_pretrained,
     init_decoder,
     make_mesh,
+    mesh_shape,
     parameter_shardings,
+    run_mesh,
 )
 from tests.models.hf_helpers import make_hf_model, padded_batch, random_prompts, save_hf_model
 
@@ -135,3 +140,23 @@ def test_model_rejects_a_mesh_with_other_axes_or_explicit_types():
         init_decoder(DecoderConfig.tiny(), mesh=explicit)
     with pytest.raises(ValueError, match="tensor"):
         make_mesh(data=2, tensor=0)
+
+
+def test_run_mesh_is_none_for_one_device_and_mesh_shape_reads_it_back():
+    assert run_mesh() is None and mesh_shape(None) == (1, 1, 1)
+    mesh = run_mesh(2, 2, 2)
+    assert mesh.axis_names == ("data", "fsdp", "tensor") and mesh_shape(mesh) == (2, 2, 2)
+    assert mesh_shape(run_mesh(1, 4, 1)) == (1, 4, 1)
+
+
+def test_batches_go_on_data_by_fsdp_fitted_to_their_leading_axis():
+    mesh = make_mesh(data=2, fsdp=2, tensor=2)
+    assert batch_sharding(None, (8,)) is None
+    assert batch_sharding(mesh, (8, 3)).spec == P(("data", "fsdp"), None)
+    assert batch_sharding(mesh, (6,)).spec == P("data")  # 4 does not divide 6; 2 does
+    assert batch_sharding(mesh, (5,)).spec == P(None)
+    tree = {"x": jnp.zeros((8, 3)), "y": jnp.zeros((4,))}
+    assert constrain_batch(None, tree) is tree
+    placed = jax.jit(lambda t: constrain_batch(mesh, t))(tree)
+    for name, leaf in placed.items():
+        assert leaf.sharding.is_equivalent_to(batch_sharding(mesh, leaf.shape), leaf.ndim), name
