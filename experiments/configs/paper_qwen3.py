@@ -40,7 +40,7 @@ def paper_config(size: str) -> ml_collections.ConfigDict:
     config.max_new_tokens = 4096
     # Not in the paper: R = 1024 slots decoded 128 at a time, so the decode cache holds 128 x
     # (1024 + 4096) slots, 11.3 GiB per device for Qwen3-8B in bfloat16 on 1x8x1 instead of 90
-    # GiB for all 1024 (python -m gdro_jax.models.footprint --batch 128 --seq-len 5120), next to
+    # GiB for all 1024 (models.memory_footprint, fsdp=8, batch=128 or 1024, seq_len=5120), next to
     # 4.5 GiB for the 256 prompts' shared prefill. Per-slot keys make the completions the same
     # for any value (up to the matmuls' rounding at another batch size): resumable.
     config.rollout.micro_batch_slots = 128

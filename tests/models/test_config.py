@@ -16,9 +16,9 @@ from gdro_jax.models import (
     Llama3RopeScaling,
     init_decoder,
     make_mesh,
+    memory_footprint,
     rope_inverse_frequencies,
 )
-from gdro_jax.models._footprint import memory_footprint
 
 
 def _parameter_count(c: DecoderConfig) -> int:
