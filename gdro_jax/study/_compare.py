@@ -21,6 +21,11 @@ the work directory, carries the same stamp (the run's config, the warm start's c
 evaluation settings) is finished and never rerun; an interrupted run resumes from its
 checkpoints. Every run is deterministic on CPU, so rerunning one alone
 (`--config.only=<arm>/<seed>`) reproduces its figures exactly.
+
+Over 400 lines on purpose: the arms, the stamps that say a run is finished, running one run and
+the store of finished runs and the warm start are one protocol, each rule read beside the others
+it relies on; the store (`restore_warm_start`, `sync_store`) is the part to split off should it
+grow.
 """
 
 from __future__ import annotations
