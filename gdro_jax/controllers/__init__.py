@@ -7,7 +7,9 @@ and replicated leaves of a sharded train state.
 - `passk_classifier`: the online difficulty classifier (prompts into pass@k bins).
 - `prompt_gdro`: the data adversary (exponential weights over bins, advantage multipliers).
 - `rollout_gdro`: the compute adversary (rollouts per prompt under a fixed total).
-- `multi_adversary`: threads all three through one plan/update pair.
+- `multi_adversary`: threads the classifier and a method's parts through one plan/update pair;
+  each part is reached through its decision's `typing.Protocol` (`PromptSampler`,
+  `RolloutAllocator`, `PromptAdversary`, `GroupFilter`; `PROTOCOLS` maps decisions to them).
 - The field's rivals at equal compute: `knapsack` (Knapsack-RL's rollouts per prompt), `mopps`
   (MoPPS's Thompson-sampled prompts) and `dynamic_sampling` (DAPO's buffer of groups with a
   signal).
@@ -53,6 +55,7 @@ from gdro_jax.controllers._methods import (
     DECISIONS,
     METHODS,
     PARTS,
+    PROTOCOLS,
     Method,
     get_method,
     method_adversaries,
@@ -74,6 +77,14 @@ from gdro_jax.controllers._prompt_gdro import (
     PromptGDROWeights,
     prompt_gdro,
 )
+from gdro_jax.controllers._protocols import (
+    Allocation,
+    GroupFilter,
+    PromptAdversary,
+    PromptSampler,
+    RolloutAllocator,
+    SamplerDraw,
+)
 from gdro_jax.controllers._rollout_gdro import (
     AllocationInfo,
     RolloutGDRO,
@@ -83,11 +94,18 @@ from gdro_jax.controllers._rollout_gdro import (
 )
 
 __all__ = [
+    "Allocation",
+    "GroupFilter",
+    "PromptAdversary",
+    "PromptSampler",
+    "RolloutAllocator",
+    "SamplerDraw",
     "BINS_FROM",
     "DECISIONS",
     "DEFAULT_EDGES",
     "METHODS",
     "PARTS",
+    "PROTOCOLS",
     "STATISTICS",
     "AdversaryUpdate",
     "AllocationInfo",

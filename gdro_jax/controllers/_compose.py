@@ -1,43 +1,48 @@
-"""Threading the three adversaries through one training step.
+"""A method's decisions composed into one training step's controllers.
 
-`multi_adversary` bundles the classifier, Prompt-GDRO and Rollout-GDRO into one `init`/`plan`/
-`update` triple over a single `GDROState` pytree, following the step of SPEC section 7:
+`multi_adversary` threads the classifier and a method's parts, each reached only through its
+decision's protocol (`_protocols.py`: prompt sampler, rollout allocator, prompt adversary, group
+filter), through one `init`/`plan`/`update` triple over a single `GDROState` pytree, following
+the step of SPEC section 7:
 
-    plan   (before rollouts): bins from history up to t-1, rollouts per prompt, slot map,
-                              advantage multipliers;
-    update (after rewards):   classifier, Prompt-GDRO and Rollout-GDRO state transitions.
+    plan   (before rollouts): bins from history up to t-1, the batch (a sampler's or Prompt-GDRO's
+                              `resample` draw), rollouts per prompt, slot map, multipliers;
+    update (after rewards):   the classifier's and every part's state transitions.
 
-Either adversary may be left out (`None`): then advantages are unweighted and/or every prompt gets
-`n_mean` rollouts, which is plain GRPO. The total number of rollout slots is always
-`R = N * n_mean`, so nothing downstream recompiles when the decisions change (SPEC section 6).
+A decision left to GRPO (`None`) means the ids given, unweighted advantages, `n_mean` rollouts per
+prompt and every group kept. The total number of rollout slots is always `R = N * n_mean`, so
+nothing downstream recompiles when the decisions change (SPEC section 6).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-from gdro_jax.controllers._mopps import MoPPS, MoPPSState
 from gdro_jax.controllers._passk import PassKClassifier, PassKState
-from gdro_jax.controllers._prompt_gdro import PromptGDRO, PromptGDROState
-from gdro_jax.controllers._rollout_gdro import RolloutGDRO, RolloutGDROState
+from gdro_jax.controllers._protocols import (
+    GroupFilter,
+    PromptAdversary,
+    PromptSampler,
+    RolloutAllocator,
+)
 
 
 class GDROState(NamedTuple):
-    """The three controller states; an adversary that is switched off holds `None`."""
+    """The classifier's and the parts' states; a decision left to GRPO holds `None`."""
 
     classifier: PassKState
-    prompt: PromptGDROState | None
-    rollout: RolloutGDROState | None
+    prompt: Any  # the prompt adversary's state (`PromptGDROState`), or None
+    rollout: Any  # the rollout allocation's state (`RolloutGDROState`, `KnapsackState`), or None
     # [N] int32 under `bins_from="previous_batch"`: the bins the classifier gave the previous
     # batch's prompts, by position (-1 before the first update); None otherwise.
     previous_bins: jax.Array | None = None
     # The prompt sampler's state (MoPPS's posteriors); None when the batches come from the data.
-    sampler: MoPPSState | None = None
+    sampler: Any = None
 
 
 class Plan(NamedTuple):
@@ -80,12 +85,20 @@ class AdversaryUpdate(Protocol):
 
 
 class MultiAdversary(NamedTuple):
-    """Pure functions over a `GDROState` (see `multi_adversary`)."""
+    """A method's decisions composed: pure functions over a `GDROState` (see `multi_adversary`).
+
+    The parts it was built from stay readable: the step logs the prompt adversary's
+    distribution, and a group filter's buffer lives beside the `GDROState` in the train state
+    (its groups are rollouts, which the controllers never hold).
+    """
 
     init: Callable[[], GDROState]
     plan: Callable[[GDROState, ArrayLike, jax.Array], Plan]  # (state, prompt_ids, key) -> Plan
     update: AdversaryUpdate
     n_mean: int
+    num_bins: int  # the classifier's bins B
+    prompt_adversary: PromptAdversary | None = None
+    group_filter: GroupFilter | None = None
 
 
 def slots_from_counts(num_rollouts: ArrayLike, total: int) -> jax.Array:
@@ -105,24 +118,28 @@ def slots_from_counts(num_rollouts: ArrayLike, total: int) -> jax.Array:
 
 def multi_adversary(
     classifier: PassKClassifier,
-    prompt: PromptGDRO | None = None,
-    rollout: RolloutGDRO | None = None,
+    prompt: PromptAdversary | None = None,
+    rollout: RolloutAllocator | None = None,
     *,
-    sampler: MoPPS | None = None,
+    sampler: PromptSampler | None = None,
+    group_filter: GroupFilter | None = None,
     n_mean: int = 4,
     bins_from: str = "prompt",
     num_prompts: int | None = None,
 ) -> MultiAdversary:
-    """Composes the classifier with either or both adversaries.
+    """Composes the classifier with a method's parts, one per decision (`_protocols.py`).
 
     Args:
       classifier: from `passk_classifier`.
-      prompt: from `prompt_gdro`, or `None` for unweighted advantages.
-      rollout: from `rollout_gdro` (or `knapsack`, which allocates by prompt), or `None` for
+      prompt: a `PromptAdversary` (`prompt_gdro`), or `None` for unweighted advantages.
+      rollout: a `RolloutAllocator` (`rollout_gdro` by bin, `knapsack` by prompt), or `None` for
         `n_mean` rollouts per prompt. When given, its `n_mean` is used.
-      sampler: from `mopps`, a prompt sampler that draws each batch itself (`Plan.prompt_ids`;
+      sampler: a `PromptSampler` (`mopps`) that draws each batch itself (`Plan.prompt_ids`;
         the ids given to `plan` count only for their number N) and learns from every group;
         None: the batches are the ids given.
+      group_filter: a `GroupFilter` (`dynamic_sampling`) over `num_prompts` groups, carried for
+        the update, which keeps its buffer (`step.TrainState.buffer`); it combines with neither
+        a rollout allocation nor a prompt adversary. None: the update keeps every group.
       n_mean: rollouts per prompt when `rollout` is `None`.
       bins_from: `"prompt"` (default): each prompt's bin is its own classification from history
         up to the previous step (SPEC 3). `"previous_batch"`: the authors' released code, where
@@ -148,11 +165,22 @@ def multi_adversary(
       per-prompt loss signal for the adversaries.
     """
     for name, adversary in (("prompt", prompt), ("rollout", rollout)):
-        bins_of = getattr(adversary, "num_bins", None)  # an allocation by prompt has no bins
-        if bins_of is not None and bins_of != classifier.num_bins:
+        # An allocation by prompt (num_bins None) does not use the bins.
+        if adversary is not None and adversary.num_bins not in (None, classifier.num_bins):
             raise ValueError(
                 f"{name}.num_bins={adversary.num_bins} differs from the classifier's "
                 f"num_bins={classifier.num_bins}"
+            )
+    if group_filter is not None:
+        if prompt is not None or rollout is not None:
+            raise ValueError(
+                "a group filter trains on groups of n_mean rollouts from earlier rounds, so it "
+                "does not combine with a rollout allocation or a prompt adversary"
+            )
+        if num_prompts is not None and group_filter.num_groups != num_prompts:
+            raise ValueError(
+                f"the group filter holds {group_filter.num_groups} groups; a step has "
+                f"num_prompts={num_prompts}"
             )
     if rollout is not None:
         n_mean = rollout.n_mean
@@ -230,7 +258,8 @@ def multi_adversary(
                 state.rollout, bins, p_hat, key, prompt_ids=prompt_ids
             )
             mu = info.mu
-            estimate = getattr(info, "success_rate", estimate)  # an allocation by prompt's own
+            if info.success_rate is not None:  # an allocation by prompt's own estimate
+                estimate = info.success_rate
         if prompt is None or resample:
             weights = jnp.ones((num_prompts,), jnp.float32)
         else:
@@ -296,4 +325,12 @@ def multi_adversary(
             classifier_state, prompt_state, rollout_state, previous_bins, sampler_state
         )
 
-    return MultiAdversary(init=init, plan=plan, update=update, n_mean=n_mean)
+    return MultiAdversary(
+        init=init,
+        plan=plan,
+        update=update,
+        n_mean=n_mean,
+        num_bins=classifier.num_bins,
+        prompt_adversary=prompt,
+        group_filter=group_filter,
+    )

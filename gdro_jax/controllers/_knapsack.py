@@ -76,6 +76,7 @@ class Knapsack(NamedTuple):
     success_rate: Callable[[KnapsackState, ArrayLike], tuple[jax.Array, jax.Array]]
     n_mean: int
     num_prompts: int
+    num_bins: None = None  # by prompt: the classifier's bins are not used (`RolloutAllocator`)
 
 
 def knapsack_value(p: ArrayLike, n: ArrayLike) -> jax.Array:

@@ -23,9 +23,23 @@ from gdro_jax.controllers._dynamic_sampling import dynamic_sampling
 from gdro_jax.controllers._knapsack import knapsack
 from gdro_jax.controllers._mopps import mopps
 from gdro_jax.controllers._prompt_gdro import prompt_gdro
+from gdro_jax.controllers._protocols import (
+    GroupFilter,
+    PromptAdversary,
+    PromptSampler,
+    RolloutAllocator,
+)
 from gdro_jax.controllers._rollout_gdro import rollout_gdro
 
 DECISIONS = ("prompt_sampler", "rollout_allocation", "prompt_adversary", "group_filter")
+
+# decision -> the protocol every part registered under it answers (`_protocols.py`).
+PROTOCOLS: Mapping[str, type] = {
+    "prompt_sampler": PromptSampler,
+    "rollout_allocation": RolloutAllocator,
+    "prompt_adversary": PromptAdversary,
+    "group_filter": GroupFilter,
+}
 
 
 class Method(NamedTuple):
@@ -43,8 +57,9 @@ class Method(NamedTuple):
         return {d: getattr(self, d) for d in DECISIONS if getattr(self, d) is not None}
 
 
-# decision -> {part name: factory}. A part's name is its factory's and its config block's.
-PARTS: Mapping[str, Mapping[str, Callable]] = {
+# decision -> {part name: factory}. A part's name is its factory's and its config block's; a new
+# part is one module with its factory and one line here.
+PARTS: Mapping[str, dict[str, Callable]] = {
     "prompt_sampler": {"mopps": mopps},
     "rollout_allocation": {"rollout_gdro": rollout_gdro, "knapsack": knapsack},
     "prompt_adversary": {"prompt_gdro": prompt_gdro},

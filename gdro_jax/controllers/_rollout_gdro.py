@@ -54,6 +54,7 @@ class AllocationInfo(NamedTuple):
     prompts_per_bin: jax.Array  # [B] int32 the batch's prompts in each bin
     rollouts_per_bin: jax.Array  # [B] int32 total rollouts given to each bin's prompts
     objective: jax.Array  # [] float32 the variance proxy sum_i v_i / n_i of this allocation
+    success_rate: None = None  # by bin: no estimate of its own per prompt (`Allocation`)
 
 
 class RolloutGDROUpdate(Protocol):
