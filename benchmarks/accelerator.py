@@ -249,7 +249,7 @@ def bench_update(
     settings = configs.read_run_config(config, num_devices=1)
     grpo = settings.grpo
     tx = configs.make_optimizer(settings.optimizer)
-    gdro, prompt_adversary = configs.build_controllers(settings.config, DATASET_PROMPTS)
+    gdro = configs.build_controllers(settings.config, DATASET_PROMPTS)
     reference = grpo.kl_coef > 0
     graphdef, state = step.init_train_state(model, tx, gdro, seed=0, with_reference=reference)
     update_fn = step.make_update(
@@ -258,8 +258,6 @@ def bench_update(
         gdro,
         grpo,
         num_prompts=work.prompts,
-        num_bins=settings.num_bins,
-        prompt_adversary=prompt_adversary,
     )
     update = jax.jit(update_fn, donate_argnums=0)  # as build_run jits it, without a mesh
     prompts_NP, lengths_N, _ = _prompts(work, c.vocab_size, seed=0)

@@ -15,11 +15,11 @@
 from gdro_jax.configs._parts import (
     OptimizerConfig,
     build_controllers,
-    build_group_filter,
     make_optimizer,
     policy_config,
     policy_overrides,
     run_mesh,
+    step_program,
 )
 from gdro_jax.configs._resumable import (
     RESUMABLE_FIELDS,
@@ -72,7 +72,6 @@ __all__ = [
     "OptimizerConfig",
     "RunSettings",
     "build_controllers",
-    "build_group_filter",
     "canonical",
     "chain_task_config",
     "check_known",
@@ -93,6 +92,7 @@ __all__ = [
     "read_run_config",
     "run_config",
     "run_mesh",
+    "step_program",
     "run_schema",
     "task_kind",
     "tokenizer_folder",

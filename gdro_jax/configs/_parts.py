@@ -12,8 +12,9 @@ from typing import Any
 
 import ml_collections
 import optax
+from flax import nnx
 
-from gdro_jax import controllers, models
+from gdro_jax import controllers, models, step
 
 
 def _named(block: str, factory, *args, **kwargs):
@@ -25,16 +26,23 @@ def _named(block: str, factory, *args, **kwargs):
 
 
 def _part(
-    name: str, factory, config: ml_collections.ConfigDict, num_bins: int, num_dataset_prompts: int
+    name: str,
+    factory,
+    config: ml_collections.ConfigDict,
+    num_bins: int,
+    num_dataset_prompts: int,
+    num_groups: int | None = None,
 ):
     """A method's part from its config block, with the run-level arguments its factory takes
     (`num_prompts`: the dataset's prompts a part keeps a history of; `num_bins`; `n_mean`;
-    `reward_values`: the Bernoulli proxies scale with the reward's range)."""
+    `reward_values`: the Bernoulli proxies scale with the reward's range; a group filter's
+    `num_groups`: the step's N)."""
     run_level = {
         "num_prompts": num_dataset_prompts,
         "num_bins": num_bins,
         "n_mean": config.n_mean,
         "reward_values": tuple(config.reward_values),
+        "num_groups": num_groups,
     }
     accepted = inspect.signature(factory).parameters
     given = {k: v for k, v in run_level.items() if k in accepted}
@@ -43,8 +51,12 @@ def _part(
 
 def build_controllers(
     config: ml_collections.ConfigDict, num_dataset_prompts: int
-) -> tuple[controllers.MultiAdversary, controllers.PromptGDRO | None]:
+) -> controllers.MultiAdversary:
     """The classifier and the parts `config.method`'s record names, composed.
+
+    Each decision the method hands to a part is built from the part's config block by its factory
+    in `controllers.PARTS` (nothing here names a part), then `controllers.multi_adversary`
+    composes them through their protocols.
 
     Args:
       config: a run config (`method`, `n_mean`, `num_prompts`, `reward_values`, `classifier` and
@@ -52,8 +64,9 @@ def build_controllers(
       num_dataset_prompts: D, the prompts the classifier tracks.
 
     Returns:
-      `(gdro, prompt_adversary)`: the composed controllers and the prompt adversary inside them
-      (None when the method has none), whose distribution the step metrics log.
+      The composed decisions (`MultiAdversary`): its `prompt_adversary` is the part whose
+      distribution the step metrics log, its `group_filter` the one whose buffer the train state
+      carries (None where the method has none).
 
     Raises:
       ValueError: naming `config.method`, or the controller field (`config.classifier.edges`,
@@ -63,39 +76,25 @@ def build_controllers(
         method = controllers.get_method(config.method)
     except ValueError as error:
         raise ValueError(f"config.{error}") from None
-    if method.group_filter and (method.rollout_allocation or method.prompt_adversary):
-        raise ValueError(
-            f"config.method={method.name!r}: a group filter trains on groups of n_mean "
-            "rollouts from earlier rounds, so it does not combine with a rollout allocation or "
-            "a prompt adversary"
-        )
     classifier_kwargs = config.classifier.to_dict()
     bins_from = classifier_kwargs.pop("bins_from", "prompt")  # read by `multi_adversary`
     classifier = _named(
         "classifier", controllers.passk_classifier, num_dataset_prompts, **classifier_kwargs
     )
-    prompt = rollout = sampler = None
-    if method.prompt_sampler:
-        factory = controllers.PARTS["prompt_sampler"][method.prompt_sampler]
-        sampler = _part(
-            method.prompt_sampler, factory, config, classifier.num_bins, num_dataset_prompts
+    parts = {
+        decision: _part(
+            name, controllers.PARTS[decision][name], config, classifier.num_bins,
+            num_dataset_prompts, config.num_prompts if decision == "group_filter" else None,
         )
-    if method.prompt_adversary:
-        factory = controllers.PARTS["prompt_adversary"][method.prompt_adversary]
-        prompt = _part(
-            method.prompt_adversary, factory, config, classifier.num_bins, num_dataset_prompts
-        )
-    if method.rollout_allocation:
-        factory = controllers.PARTS["rollout_allocation"][method.rollout_allocation]
-        rollout = _part(
-            method.rollout_allocation, factory, config, classifier.num_bins, num_dataset_prompts
-        )
+        for decision, name in method.parts().items()
+    }  # fmt: skip
     try:
-        gdro = controllers.multi_adversary(
+        return controllers.multi_adversary(
             classifier,
-            prompt,
-            rollout,
-            sampler=sampler,
+            parts.get("prompt_adversary"),
+            parts.get("rollout_allocation"),
+            sampler=parts.get("prompt_sampler"),
+            group_filter=parts.get("group_filter"),
             n_mean=config.n_mean,
             bins_from=bins_from,
             num_prompts=config.num_prompts,
@@ -103,24 +102,7 @@ def build_controllers(
     except ValueError as error:
         if str(error).startswith("bins_from"):  # the one field it reads from config.classifier
             raise ValueError(f"config.classifier.{error}") from None
-        raise
-    return gdro, prompt
-
-
-def build_group_filter(config: ml_collections.ConfigDict) -> controllers.DynamicSampling | None:
-    """The group filter `config.method`'s record names (None: the update keeps every group),
-    over rounds of `config.num_prompts` groups.
-
-    Raises:
-      ValueError: naming the field of the filter's block (`config.dynamic_sampling.max_rounds`).
-    """
-    method = controllers.get_method(config.method)
-    if method.group_filter is None:
-        return None
-    factory = controllers.PARTS["group_filter"][method.group_filter]
-    return _named(
-        method.group_filter, factory, config.num_prompts, **config[method.group_filter].to_dict()
-    )
+        raise ValueError(f"config.method={method.name!r}: {error}") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,3 +216,43 @@ def policy_config(config: Mapping[str, Any]) -> models.DecoderConfig:
 def run_mesh(settings):
     """The run's `data` x `fsdp` x `tensor` mesh; None for one device."""
     return models.run_mesh(*settings.mesh)
+
+
+def step_program(
+    settings,
+    mesh,
+    *,
+    prompt_width: int,
+    num_dataset_prompts: int,
+    eos_ids: tuple[int, ...],
+    external_engine: bool = False,
+) -> step.StepProgram:
+    """The run's step (`step.StepProgram`) from its settings: what `train.build_run` runs and
+    `planner` plans, built by this one function for both.
+
+    Args:
+      settings: the run's `RunSettings`.
+      mesh: the run's mesh (`run_mesh`), or None.
+      prompt_width: P, the pool's padded prompt length.
+      num_dataset_prompts: D, the prompts the controllers keep a history of.
+      eos_ids: the task's stop ids.
+      external_engine: an engine passed to `build_run` samples (also set when
+        `config.rollout.engine` is not the built-in kv_cache).
+    """
+    policy = policy_config(settings.config)
+    graphdef = nnx.split(models.abstract_decoder(policy, mesh=mesh), nnx.Param)[0]
+    return step.StepProgram(
+        graphdef=graphdef,
+        tx=make_optimizer(settings.optimizer),
+        decisions=build_controllers(settings.config, num_dataset_prompts),
+        grpo=settings.grpo,
+        num_prompts=settings.num_prompts,
+        prompt_width=prompt_width,
+        max_new_tokens=settings.max_new_tokens,
+        eos_ids=tuple(eos_ids),
+        rollout=settings.rollout,
+        rollout_micro_batch_slots=settings.rollout_micro_batch_slots,
+        external_engine=external_engine or settings.rollout.engine != "kv_cache",
+        mesh=mesh,
+        seed=settings.seed,
+    )

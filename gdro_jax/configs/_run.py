@@ -22,7 +22,6 @@ from gdro_jax import controllers, models, step, tasks
 from gdro_jax.configs._parts import (
     OptimizerConfig,
     build_controllers,
-    build_group_filter,
     make_optimizer,
 )
 from gdro_jax.configs._schema import check_known, complete, is_block, run_schema
@@ -316,7 +315,6 @@ def read_run_config(
         raise ValueError(f"config.{error}") from None
     _rollout_budget(config, method)
     build_controllers(config, num_dataset_prompts=num_prompts)  # the factories check their fields
-    build_group_filter(config)
     if config.model.param_dtype != "float32":
         raise ValueError(
             "config.model.param_dtype must be float32 (the master weights the optimizer updates: "

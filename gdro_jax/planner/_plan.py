@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from gdro_jax import configs, models, tasks
+from gdro_jax import configs, models, step, tasks
 from gdro_jax.planner._planner import Planner, bytes_per_device
 
 GIB = 1024**3
@@ -241,6 +241,7 @@ def memory_plan(
     mesh=None,
     *,
     task: tasks.RLTask | None = None,
+    program: step.StepProgram | None = None,
     suggest: bool = False,
     early_exit: bool = False,
 ) -> MemoryPlan:
@@ -254,6 +255,9 @@ def memory_plan(
       task: the run's task, when built (its prompt width, pool size and stop ids); default: the
         chain task's from `config.task`, or `config.math.max_prompt_tokens` for math (an upper
         bound: the real width is the longest kept prompt).
+      program: the run's step as `train.build_run` built it (so the plan is of the function
+        that runs, an external engine's included); default: `configs.step_program`'s for the
+        config (its `rollout.engine`).
       suggest: with a budget, also search the largest `rollout.micro_batch_slots` and
         `grpo.micro_batch_slots` that fit (batch shards x powers of two dividing R or a
         mini-batch; one compile per size tried, by bisection).
@@ -270,7 +274,7 @@ def memory_plan(
     shape = models.mesh_shape(mesh)
     settings = _settings(config, shape)
     budget = _budget_bytes(settings)
-    planner = Planner(settings, mesh, task)
+    planner = Planner(settings, mesh, task, program)
     rollout_slots = min(settings.rollout_micro_batch_slots or planner.num_slots, planner.num_slots)
     update_slots = planner.grpo_config.micro_batch_slots or planner.minibatch_slots
     kv_cache = planner.kv_cache_bytes(rollout_slots)
@@ -288,9 +292,13 @@ def memory_plan(
             f"rollout KV cache ({c.compute_dtype}, {rollout_slots} slots x "
             f"{planner.seq_len} positions)"
         ),
-        "rollout_other": "rollout, other buffers (compiled)",
+        "rollout_other": "rollout, other buffers (compiled)"
+        if not planner.external_engine
+        else "rollout: the trainer's rescoring of the engine's samples (compiled)",
         "update": f"update temporaries (compiled, {update_slots} slots per pass)",
     }
+    if planner.external_engine:
+        labels["kv_cache"] = "rollout KV cache (the external engine's own, not counted)"
     if planner.reference:
         labels["reference"] = f"reference model (kl_coef={planner.grpo_config.kl_coef:g})"
     notes = [
@@ -352,6 +360,7 @@ def check_memory_plan(
     mesh=None,
     *,
     task: tasks.RLTask | None = None,
+    program: step.StepProgram | None = None,
 ) -> MemoryPlan | None:
     """Raises before anything is allocated when the plan exceeds `config.device_memory_gib`.
 
@@ -360,6 +369,7 @@ def check_memory_plan(
         `device_memory_gib` is None.
       mesh: the run's mesh (None: one device).
       task: the run's task, for its prompt width (see `memory_plan`).
+      program: the run's step, which the plan lowers (see `memory_plan`).
 
     Returns:
       The plan when it fits, None without a budget.
@@ -372,7 +382,7 @@ def check_memory_plan(
     settings = _settings(config, models.mesh_shape(mesh))
     if settings.device_memory_gib is None:
         return None
-    plan = memory_plan(settings, mesh, task=task, early_exit=True)
+    plan = memory_plan(settings, mesh, task=task, program=program, early_exit=True)
     if not plan.fits:
         raise ValueError(f"{plan.error()}\n{plan.table()}")
     return plan

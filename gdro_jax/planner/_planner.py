@@ -1,11 +1,12 @@
-"""The planner behind `memory_plan`: one config's abstract state on a mesh, and its rollout and
-update lowered with `jax.ShapeDtypeStruct` arguments and compiled, each at most once per size.
+"""The planner behind `memory_plan`: one run's `step.StepProgram` (the object `build_run` runs)
+lowered with `jax.ShapeDtypeStruct` arguments and compiled, each phase at most once per size.
 
 Persistent state is exact shapes x dtype bytes / shards: `models.memory_footprint` for the
-parameters and the KV cache, `jax.eval_shape` of the optimizer's `init` for its moments. The
-phases' other buffers are `memory_analysis()` of the same jitted functions `build_run` makes
-(`step.rollout_phase` with the `KVCacheEngine`, `step.make_update` jitted with the state
-donated), compiled by the backend of the mesh's devices.
+parameters and the KV cache, the program's `abstract_state` for the optimizer's moments. The
+phases' other buffers are `memory_analysis()` of the program's own jitted phases (its rollout:
+the built-in engine, or the rescoring of another engine's samples; its update with the state
+donated), compiled by the backend of the mesh's devices. The micro-batch and remat variants a
+search tries are the same program through `StepProgram.replace`.
 
 Both phases are compiled at full depth: on 2 CPU cores with 8 fake devices the 36-layer Qwen3-8B
 rollout takes about 40 s of CPU time to compile, its update (a scan over the layers) about the
@@ -21,19 +22,9 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
-from gdro_jax import configs, models, tasks
-from gdro_jax.step import (
-    KVCacheEngine,
-    TrainState,
-    make_update,
-    rollout_phase,
-    state_shardings,
-)
+from gdro_jax import configs, models, step, tasks
 
 _CPU_OPTIONS = {"xla_backend_optimization_level": 0}
 
@@ -67,9 +58,25 @@ def _compiled_bytes(compiled) -> tuple[int, int, int, int]:
 
 
 class Planner:
-    """Abstract state and compiled phases of one config on one mesh, compiled at most once each."""
+    """Abstract state and compiled phases of one run's `step.StepProgram` on its mesh, each
+    compiled at most once per size.
 
-    def __init__(self, settings: configs.RunSettings, mesh, task: tasks.RLTask | None):
+    Args:
+      settings: the run's settings.
+      mesh: the run's mesh (None: one device).
+      task: the run's task, when built (its prompt width, pool size and stop ids).
+      program: the run's step, as `train.build_run` built it; default: the one
+        `configs.step_program` builds for `settings` (the KV-cache engine unless
+        `config.rollout.engine` names another).
+    """
+
+    def __init__(
+        self,
+        settings: configs.RunSettings,
+        mesh,
+        task: tasks.RLTask | None = None,
+        program: step.StepProgram | None = None,
+    ):
         self.settings, self.mesh = settings, mesh
         self.model_config = configs.policy_config(settings.config)
         self.num_prompts = settings.num_prompts
@@ -78,47 +85,30 @@ class Planner:
         self.minibatch_slots = self.num_slots // self.grpo_config.num_minibatches
         data, fsdp, tensor = models.mesh_shape(mesh)
         self.batch_shards = data * fsdp
-        if task is not None:
-            self.prompt_width = int(task.prompt_tokens.shape[1])
-            num_dataset_prompts, self.eos_ids = task.num_prompts, tuple(task.eos_ids)
-        elif settings.chain is not None:
-            chain = settings.chain
-            self.prompt_width, num_dataset_prompts, self.eos_ids = (
-                chain.max_prompt_length,
-                chain.pool_size,
-                (0,),
-            )
-        else:
-            # The longest prompt kept; the pool's size only sizes the classifier's few floats.
-            self.prompt_width = settings.math.max_prompt_tokens
-            num_dataset_prompts, self.eos_ids = (
-                settings.num_prompts,
-                (0,) * len(settings.math.eos_tokens),
-            )
+        if program is None:
+            program = configs.step_program(settings, mesh, **_pool(settings, task))
+        self.program = program
+        self.prompt_width = program.prompt_width
         self.seq_len = self.prompt_width + settings.max_new_tokens
-        self.gdro, self.prompt_adversary = configs.build_controllers(
-            settings.config, num_dataset_prompts
-        )
-        self.tx = configs.make_optimizer(settings.optimizer)
-        self.replicated = (
-            NamedSharding(mesh, P())
-            if mesh is not None
-            else jax.sharding.SingleDeviceSharding(jax.devices()[0])
-        )
+        self.replicated = program.replicated
         self.parameter_bytes = models.memory_footprint(
             self.model_config, data=data, fsdp=fsdp, tensor=tensor
         ).param_bytes_per_device
-        self.opt_state = self._optimizer_state(self._policy()[1])
-        replicated = self.replicated
-        self.gdro_state = _abstract(jax.eval_shape(self.gdro.init), replicated)
-        self.key = _abstract(jax.eval_shape(lambda: jax.random.key(0)), replicated)
-        self.prompt_ids = jax.ShapeDtypeStruct((self.num_prompts,), jnp.int32, sharding=replicated)
+        self.opt_state = program.abstract_state(self._policy()[1]).opt_state
+        self.gdro_state = _abstract(jax.eval_shape(program.decisions.init), self.replicated)
+        self.key = _abstract(jax.eval_shape(lambda: jax.random.key(0)), self.replicated)
+        self.prompt_ids = jax.ShapeDtypeStruct(
+            (self.num_prompts,), jnp.int32, sharding=self.replicated
+        )
         self.plan = _abstract(
-            jax.eval_shape(self.gdro.plan, self.gdro_state, self.prompt_ids, self.key), replicated
+            jax.eval_shape(program.decisions.plan, self.gdro_state, self.prompt_ids, self.key),
+            self.replicated,
         )
         self._rollout_cache: dict = {}
         self._update_cache: dict = {}
-        self.rollouts = None  # the update's abstract input, from the first compiled rollout
+        # The update's abstract input: an external engine's samples, or the first compiled
+        # rollout's outputs.
+        self.rollouts = program.abstract_rollouts() if program.external_engine else None
 
     def _policy(self, remat: bool | None = None):
         """(graphdef, abstract float32 parameters placed on the mesh); `remat` overrides."""
@@ -129,22 +119,14 @@ class Planner:
         graphdef, params = nnx.split(abstract, nnx.Param)
         return graphdef, _abstract(params, models.parameter_shardings(abstract, self.mesh))
 
-    def _optimizer_state(self, params):
-        """The optimizer state's shapes, each moment placed like its parameter (counts
-        replicated), as the run's state should hold them."""
-        shardings = jax.tree.map(lambda leaf: leaf.sharding, params)
-        return optax.tree_map_params(
-            self.tx,
-            lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
-            jax.eval_shape(self.tx.init, params),
-            shardings,
-            transform_non_params=lambda leaf: _abstract(leaf, self.replicated),
-            is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct),
-        )
-
     @property
     def reference(self) -> bool:
-        return self.grpo_config.kl_coef > 0
+        return self.program.with_reference
+
+    @property
+    def external_engine(self) -> bool:
+        """Another engine samples: its KV cache is its own, the trainer only rescores."""
+        return self.program.external_engine
 
     @property
     def device(self) -> jax.Device:
@@ -158,7 +140,10 @@ class Planner:
         return lowered.compile(compiler_options=_CPU_OPTIONS if on_cpu else None)
 
     def kv_cache_bytes(self, slots: int) -> int:
-        """Keys and values of `slots` sequences of P + M cache slots, per device (by hand)."""
+        """Keys and values of `slots` sequences of P + M cache slots, per device (by hand); 0
+        when another engine samples."""
+        if self.external_engine:
+            return 0
         data, fsdp, tensor = models.mesh_shape(self.mesh)
         return models.memory_footprint(
             self.model_config,
@@ -169,29 +154,32 @@ class Planner:
             seq_len=self.seq_len,
         ).kv_cache_bytes_per_device
 
-    def _compile_rollout(self, slots: int) -> int:
+    def lower_rollout(self, slots: int | None = None):
+        """The rollout phase lowered on abstract arguments: the built-in engine decoding `slots`
+        at a time (default: the run's), or the trainer's rescoring of another engine's samples."""
         graphdef, params = self._policy()
-        engine = KVCacheEngine(
-            graphdef,
-            max_new_tokens=self.settings.max_new_tokens,
-            temperature=self.grpo_config.temperature,
-            eos_ids=self.eos_ids,
-            micro_batch_slots=_or_none(slots, self.num_slots),
-        )
+        program = self.program.replace(graphdef=graphdef)
+        if self.external_engine:
+            return program.rescore.lower(params, self.rollouts)
+        if slots is not None:
+            program = program.replace(rollout_micro_batch_slots=_or_none(slots, self.num_slots))
         # The prompts' content does not change any buffer: N placeholder rows of the real width.
         with jax.default_device(self.device):  # the prompt table goes where the mesh is
-            rollout = rollout_phase(
-                engine,
+            rollout = program.rollout_function(
                 np.zeros((self.num_prompts, self.prompt_width), np.int32),
                 np.ones((self.num_prompts,), np.int32),
-                mesh=self.mesh,
             )
-        lowered = rollout.lower(params, self.plan, self.prompt_ids, self.key)
+        return rollout.lower(params, self.plan, self.prompt_ids, self.key)
+
+    def _compile_rollout(self, slots: int) -> int:
+        lowered = self.lower_rollout(slots)
         compiled = self._compile(lowered)
         if self.rollouts is None:
             self.rollouts = _abstract(lowered.out_info, compiled.output_shardings)
         arguments, outputs, _, temporaries = _compiled_bytes(compiled)
-        return temporaries + outputs + arguments - bytes_per_device(params)
+        # Beyond the parameters: the prompts (or an external engine's samples, which the
+        # rescoring reads), the outputs and the temporaries.
+        return temporaries + outputs + arguments - bytes_per_device(self._policy()[1])
 
     def rollout_bytes(self, slots: int) -> int:
         """The rollout phase beyond the persistent state (KV cache included), per device."""
@@ -199,41 +187,27 @@ class Planner:
             self._rollout_cache[slots] = self._compile_rollout(slots)
         return self._rollout_cache[slots]
 
-    def _compile_update(self, slots: int, remat: bool) -> int:
+    def lower_update(self, slots: int | None = None, remat: bool | None = None):
+        """The update lowered on the abstract state: micro-batches of `slots` (default: the
+        run's) and `remat` (default: the config's). Returns `(lowered, abstract state)`."""
         if self.rollouts is None:
             self.rollout_bytes(self.num_slots)
-        grpo = dataclasses.replace(
-            self.grpo_config, micro_batch_slots=_or_none(slots, self.minibatch_slots)
-        )
         graphdef, params = self._policy(remat)
-        opt_state = self._optimizer_state(params)
-        int32 = jax.ShapeDtypeStruct((), jnp.int32, sharding=self.replicated)
-        state = TrainState(
-            params=params,
-            opt_state=opt_state,
-            gdro=self.gdro_state,
-            key=self.key,
-            step=int32,
-            ref_params=params if self.reference else None,
-            skipped_steps=int32,
-            consecutive_skips=int32,
-        )
-        update = make_update(
-            graphdef,
-            self.tx,
-            self.gdro,
-            grpo,
-            num_prompts=self.num_prompts,
-            num_bins=self.settings.num_bins,
-            prompt_adversary=self.prompt_adversary,
-        )
-        replicated = None if self.mesh is None else self.replicated
-        jitted = jax.jit(
-            update, donate_argnums=0, out_shardings=(state_shardings(state), replicated)
-        )
-        compiled = self._compile(jitted.lower(state, self.plan, self.prompt_ids, self.rollouts))
+        grpo = self.grpo_config
+        if slots is not None:
+            grpo = dataclasses.replace(
+                grpo, micro_batch_slots=_or_none(slots, self.minibatch_slots)
+            )
+        program = self.program.replace(graphdef=graphdef, grpo=grpo)
+        state = program.abstract_state(params)
+        lowered = program.update(state).lower(state, self.plan, self.prompt_ids, self.rollouts)
+        return lowered, state
+
+    def _compile_update(self, slots: int, remat: bool) -> int:
+        lowered, state = self.lower_update(slots, remat)
+        compiled = self._compile(lowered)
         arguments, outputs, aliased, temporaries = _compiled_bytes(compiled)
-        persistent = bytes_per_device((params, opt_state, state.ref_params))
+        persistent = bytes_per_device((state.params, state.opt_state, state.ref_params))
         return temporaries + max(0, arguments - persistent) + max(0, outputs - aliased)
 
     def update_bytes(self, slots: int, remat: bool | None = None) -> int:
@@ -252,6 +226,29 @@ class Planner:
                 sizes.add(size)
             size *= 2
         return sorted(sizes, reverse=True)
+
+
+def _pool(settings: configs.RunSettings, task: tasks.RLTask | None) -> dict:
+    """The prompt width, pool size and stop ids a step is built for: the task's when built,
+    else the chain task's from the config, or the math task's longest kept prompt."""
+    if task is not None:
+        return dict(
+            prompt_width=int(task.prompt_tokens.shape[1]),
+            num_dataset_prompts=task.num_prompts,
+            eos_ids=tuple(task.eos_ids),
+        )
+    if settings.chain is not None:
+        return dict(
+            prompt_width=settings.chain.max_prompt_length,
+            num_dataset_prompts=settings.chain.pool_size,
+            eos_ids=(0,),
+        )
+    # The longest prompt kept; the pool's size only sizes the classifier's few floats.
+    return dict(
+        prompt_width=settings.math.max_prompt_tokens,
+        num_dataset_prompts=settings.num_prompts,
+        eos_ids=(0,) * len(settings.math.eos_tokens),
+    )
 
 
 def _or_none(slots: int, whole: int) -> int | None:

@@ -34,6 +34,7 @@ from gdro_jax.step._guard import (
     keep_if_finite,
 )
 from gdro_jax.step._metrics import step_metrics
+from gdro_jax.step._program import StepProgram
 from gdro_jax.step._rewards import (
     HostRewardCaller,
     RewardError,
@@ -63,6 +64,7 @@ __all__ = [
     "RewardError",
     "RolloutConfig",
     "RolloutEngine",
+    "StepProgram",
     "Rollouts",
     "TrainState",
     "VLLMConfig",

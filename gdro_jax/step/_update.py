@@ -25,7 +25,7 @@ import optax
 from flax import nnx
 
 from gdro_jax import losses, models
-from gdro_jax.controllers import DynamicSampling, MultiAdversary, Plan, PromptGDRO
+from gdro_jax.controllers import MultiAdversary, Plan
 from gdro_jax.sampling import completion_logprobs
 from gdro_jax.step._engines import Rollouts
 from gdro_jax.step._guard import keep_if_finite
@@ -252,9 +252,6 @@ def make_update(
     config: GRPOConfig,
     *,
     num_prompts: int,
-    num_bins: int,
-    prompt_adversary: PromptGDRO | None = None,
-    group_filter: DynamicSampling | None = None,
     mismatch_cap: float | None = None,
     correct_mismatch: bool = False,
 ) -> Callable[[TrainState, Plan, jax.Array, Rollouts], tuple[TrainState, dict]]:
@@ -274,14 +271,11 @@ def make_update(
     Args:
       graphdef: the policy's static graph.
       tx: the optimizer.
-      gdro: the composed controllers.
+      gdro: the method's composed decisions: its prompt adversary's `q` and scores are logged,
+        and its group filter's buffer is `state.buffer` (`n_mean` rollouts per prompt, no prompt
+        weights).
       config: GRPO hyperparameters.
       num_prompts: N, prompts per step.
-      num_bins: number of difficulty bins B (for per-bin metrics).
-      prompt_adversary: the Prompt-GDRO adversary inside `gdro`, if any; used for the `q` and
-        score metrics only.
-      group_filter: the group filter whose buffer `state.buffer` is (`n_mean` rollouts per
-        prompt, no prompt weights), or None.
       mismatch_cap: for an engine with log-probs of its own (`Rollouts.engine_logprobs`, vLLM):
         the truncation C of the importance weights `pi_trainer / pi_engine`; the step then logs
         the gap (`losses.logprob_mismatch`: "rollout/logprob_mismatch_mean", "..._max",
@@ -290,8 +284,13 @@ def make_update(
         (truncated importance sampling, `rollout.logprobs_from="engine"`); needs mismatch_cap.
 
     Returns:
-      The update function. `build_run` jits it with the state donated.
+      The update function. `StepProgram.update` jits it with the state donated.
     """
+    num_bins, prompt_adversary, group_filter = (
+        gdro.num_bins,
+        gdro.prompt_adversary,
+        gdro.group_filter,
+    )
     if correct_mismatch and mismatch_cap is None:
         raise ValueError("correct_mismatch needs mismatch_cap, the truncation C of the weights")
     num_slots = num_prompts * gdro.n_mean

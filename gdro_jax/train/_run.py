@@ -1,9 +1,12 @@
-"""`build_run`: a config in, everything a run needs out (task, policy, controllers, jitted phases).
+"""`build_run`: a config in, everything a run needs out (task, policy, the step program, data).
 
-    plan    jit(gdro.plan)                          replicated out
-    rollout step.rollout_phase(KVCacheEngine)       slots on the batch axes (or another engine)
-    reward  step.device_reward_phase / host_reward_phase, under config.reward_timeout_s
-    update  jit(step.make_update), state donated    explicit out shardings
+    step     configs.step_program -> step.StepProgram: the parts and the jitted phases, built
+             once; the memory plan (`planner.check_memory_plan`) lowers this same object
+    plan     program.plan                            replicated out
+    rollout  program.rollout_function(...)           the built-in engine, or another engine's
+                                                     samples rescored by the trainer
+    reward   step.device_reward_phase / host_reward_phase, under config.reward_timeout_s
+    update   program.update(state), state donated    explicit out shardings
 
 The config is read once (`configs.read_run_config`); the task is used as given: a reward passed
 to `build_run` replaces the task's inside the `Run`, never on the task itself.
@@ -17,8 +20,6 @@ from typing import Any, NamedTuple
 import grain
 import jax
 from flax import nnx
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from gdro_jax import configs, controllers, models, planner, step, tasks
 from gdro_jax.tasks import RewardFn, RLTask
@@ -33,9 +34,8 @@ class Run(NamedTuple):
     splits: tasks.ChainSplits | None  # the chain task's train/validation/test rows; None for math
     mesh: jax.sharding.Mesh | None
     policy: models.DecoderConfig  # the policy's architecture (stored with every checkpoint)
-    graphdef: nnx.GraphDef
+    program: step.StepProgram  # the step, wired once: its parts and its jitted phases
     state: step.TrainState
-    gdro: controllers.MultiAdversary
     plan: Callable  # jitted (gdro_state, prompt_ids, key) -> Plan
     rollout: Callable  # (params, plan, prompt_ids, key) -> Rollouts, rewards still 0
     reward: Callable  # (prompt_ids, rollouts, plan) -> scored Rollouts; jitted for device rewards
@@ -43,6 +43,16 @@ class Run(NamedTuple):
     prompt_batches: Any  # grain iterator of [N] prompt-index batches
     reward_name: str  # how reward errors name the reward function
     closers: tuple[Callable[[], None], ...]  # what `close` stops (grader workers, reward thread)
+
+    @property
+    def graphdef(self) -> nnx.GraphDef:
+        """The policy's static graph."""
+        return self.program.graphdef
+
+    @property
+    def gdro(self) -> controllers.MultiAdversary:
+        """The method's composed decisions."""
+        return self.program.decisions
 
     @property
     def config(self):
@@ -158,59 +168,28 @@ def _assemble(settings, task, reward_fn, host_reward_fn, closers, rollout_engine
             f"{num_dataset_prompts} prompts"
         )
     mesh = configs.run_mesh(settings)
-    # With device_memory_gib: fails before anything is allocated.
-    planner.check_memory_plan(settings, mesh, task=task)
+    program = configs.step_program(
+        settings,
+        mesh,
+        prompt_width=task.prompt_tokens.shape[1],
+        num_dataset_prompts=num_dataset_prompts,
+        eos_ids=task.eos_ids,
+        external_engine=rollout_engine is not None,
+    )
+    # With device_memory_gib: the plan of this very program fails before anything is allocated.
+    planner.check_memory_plan(settings, mesh, task=task, program=program)
     model = load_policy(settings, mesh)
     tasks.check_vocab(task, model.config.vocab_size)
     check_model_fits(
         task.prompt_tokens.shape[1], settings.max_new_tokens, model.config.max_position_embeddings
     )
-    gdro, prompt_adversary = configs.build_controllers(settings.config, num_dataset_prompts)
-    group_filter = configs.build_group_filter(settings.config)
-    tx = configs.make_optimizer(settings.optimizer)
-    graphdef, state = step.init_train_state(
-        model,
-        tx,
-        gdro,
-        seed=settings.seed,
-        with_reference=settings.grpo.kl_coef > 0,
-        group_filter=group_filter,
-        example_groups=step.rollout_groups(
-            settings.num_prompts,
-            settings.n_mean,
-            task.prompt_tokens.shape[1],
-            settings.max_new_tokens,
-        ),
-    )
+    state = program.init_state(model)
     reward, reward_name = _reward_phase(settings, task, mesh, reward_fn, host_reward_fn, closers)
-    # Another engine samples with its own kernels: the update logs (and may correct) the gap
-    # between its log-probs and the trainer's.
-    external = rollout_engine is not None or settings.rollout.engine != "kv_cache"
-    if settings.rollout.logprobs_from == "engine" and not external:
-        raise ValueError(
-            "config.rollout.logprobs_from='engine' corrects for another engine's log-probs; the "
-            "kv_cache engine samples with the trainer's own policy: use logprobs_from='trainer'"
-        )
-    update_fn = step.make_update(
-        graphdef,
-        tx,
-        gdro,
-        settings.grpo,
-        num_prompts=settings.num_prompts,
-        num_bins=settings.num_bins,
-        prompt_adversary=prompt_adversary,
-        group_filter=group_filter,
-        mismatch_cap=settings.rollout.tis_cap if external else None,
-        correct_mismatch=settings.rollout.logprobs_from == "engine",
-    )
-    replicated = None if mesh is None else NamedSharding(mesh, P())
-    update = jax.jit(
-        update_fn, donate_argnums=0, out_shardings=(step.state_shardings(state), replicated)
-    )
-    rescore = None
+    update = program.update(state)
+    sync = None
     if rollout_engine is None and settings.rollout.engine == "vllm":
         rollout_engine = step.VLLMEngine(
-            graphdef,
+            program.graphdef,
             state.params,
             max_prompt_tokens=task.prompt_tokens.shape[1],
             max_new_tokens=settings.max_new_tokens,
@@ -220,23 +199,10 @@ def _assemble(settings, task, reward_fn, host_reward_fn, closers, rollout_engine
             settings=settings.vllm,
         )
         closers.append(rollout_engine.close)
-    if rollout_engine is None:
-        engine = step.KVCacheEngine(
-            graphdef,
-            max_new_tokens=settings.max_new_tokens,
-            temperature=0.0 if settings.rollout.greedy else settings.grpo.temperature,
-            eos_ids=task.eos_ids,
-            micro_batch_slots=settings.rollout_micro_batch_slots,
-        )
-    else:
-        engine = step.WeightSync(rollout_engine)
-        update = engine.after(update)
-        rescore = step.trainer_logprobs(
-            graphdef,
-            temperature=settings.grpo.temperature,
-            chunk_size=settings.grpo.logprob_chunk_tokens,
-            mesh=mesh,
-        )
+    if rollout_engine is not None:
+        # Another engine keeps its own weights: they follow every update.
+        sync = step.WeightSync(rollout_engine)
+        update = sync.after(update)
     task_config = settings.chain
     return Run(
         settings=settings,
@@ -245,13 +211,10 @@ def _assemble(settings, task, reward_fn, host_reward_fn, closers, rollout_engine
         splits=None if task_config is None else tasks.build_splits(task_config),
         mesh=mesh,
         policy=model.config,
-        graphdef=graphdef,
+        program=program,
         state=state,
-        gdro=gdro,
-        plan=jax.jit(gdro.plan, out_shardings=replicated),
-        rollout=step.rollout_phase(
-            engine, task.prompt_tokens, task.prompt_lengths, mesh=mesh, rescore=rescore
-        ),
+        plan=program.plan,
+        rollout=program.rollout_function(task.prompt_tokens, task.prompt_lengths, sync),
         reward=reward,
         update=update,
         prompt_batches=_prompt_batches(settings, num_dataset_prompts),

@@ -17,7 +17,7 @@ def test_rollout_gdro_proxy_and_shadow_price_use_the_configs_reward_values(rewar
     config = tiny_config(
         "rollout_gdro", reward_values=reward_values, **{"classifier.statistic": "mean_accuracy"}
     )
-    gdro, _ = configs.build_controllers(config, NUM_DATASET_PROMPTS)
+    gdro = configs.build_controllers(config, NUM_DATASET_PROMPTS)
     num_prompts, n = config.num_prompts, config.n_mean
     ids = jnp.arange(num_prompts, dtype=jnp.int32)
     plan = gdro.plan(gdro.init(), ids, jax.random.key(0))
@@ -44,10 +44,10 @@ def test_rollout_gdro_proxy_and_shadow_price_use_the_configs_reward_values(rewar
 
 def test_classifier_bins_from_reaches_multi_adversary_and_bad_values_name_the_field():
     config = tiny_config("prompt_gdro", **{"classifier.bins_from": "previous_batch"})
-    gdro, _ = configs.build_controllers(config, NUM_DATASET_PROMPTS)
+    gdro = configs.build_controllers(config, NUM_DATASET_PROMPTS)
     state = gdro.init()
     np.testing.assert_array_equal(state.previous_bins, np.full(config.num_prompts, -1))
-    assert configs.build_controllers(tiny_config("prompt_gdro"), 64)[0].init().previous_bins is None
+    assert configs.build_controllers(tiny_config("prompt_gdro"), 64).init().previous_bins is None
     config = tiny_config("prompt_gdro", **{"classifier.bins_from": "last_batch"})
     with pytest.raises(ValueError, match=r"config\.classifier\.bins_from must be one of"):
         configs.build_controllers(config, NUM_DATASET_PROMPTS)

@@ -81,7 +81,7 @@ def test_the_defaults_are_the_librarys():
     assert tasks.MathTaskConfig(**config.math.to_dict()) == tasks.MathTaskConfig()
     # The controllers of the default config decide as the factories called without arguments.
     config.method = "gdro_both"
-    built, _ = configs.build_controllers(config, num_dataset_prompts=64)
+    built = configs.build_controllers(config, num_dataset_prompts=64)
     classifier = controllers.passk_classifier(64)
     by_hand = controllers.multi_adversary(
         classifier,

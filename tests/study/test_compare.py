@@ -484,7 +484,7 @@ def test_every_ablation_arm_builds_its_controllers(group):
     assert next(iter(arms)) == "grpo" and len(arms) >= 2
     for arm in arms:
         run = study.run_config(config, study.RunSpec(arm, 0), "warm")
-        gdro, _ = configs.build_controllers(run, 64)
+        gdro = configs.build_controllers(run, 64)
         assert run.method == study.parse_overrides(config.arms[arm], where=arm)["method"]
     with pytest.raises(ValueError, match="unknown ablation group"):
         ablations.get_config("nope")
@@ -530,10 +530,10 @@ def test_ablations_share_the_study_runs_of_its_arms():
     released = study.run_config(config, study.RunSpec("pg_released", 0), "warm")
     assert released.prompt_gdro.clip is None and released.prompt_gdro.share_floor == 1e-6
     three = study.run_config(config, study.RunSpec("both_3_bins", 0), "warm")
-    _, prompt = configs.build_controllers(three, 64)
+    prompt = configs.build_controllers(three, 64).prompt_adversary
     assert three.classifier.edges == (0.33, 0.67) and prompt.num_bins == 3
     lagged = study.run_config(config, study.RunSpec("pg_lagged", 0), "warm")
-    gdro, _ = configs.build_controllers(lagged, 64)
+    gdro = configs.build_controllers(lagged, 64)
     assert gdro.init().previous_bins.shape == (lagged.num_prompts,)
 
 

@@ -273,8 +273,6 @@ def test_a_sharded_update_equals_the_unaccumulated_and_compiles_once(setup):
             setup["gdro"],
             grpo,
             num_prompts=NUM_PROMPTS,
-            num_bins=len(SCORES),
-            prompt_adversary=setup["prompt"],
         )
 
     # One micro-batch body inside the mini-batch loop, not a Python loop unrolled.
@@ -324,7 +322,6 @@ def test_a_micro_batch_size_that_does_not_divide_the_minibatch_is_refused(setup)
             setup["gdro"],
             _grpo("token_mean", 0.0, 3),
             num_prompts=NUM_PROMPTS,
-            num_bins=len(SCORES),
         )
 
 

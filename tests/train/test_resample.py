@@ -14,10 +14,10 @@ from tests.train.configs import tiny_config
 
 def test_the_config_builds_a_resampling_adversary_only_where_prompt_gdro_is_on():
     config = tiny_config("gdro_both", **{"prompt_gdro.realisation": "resample"})
-    _, prompt = configs.build_controllers(config, 64)
+    prompt = configs.build_controllers(config, 64).prompt_adversary
     assert prompt.realisation == "resample"
     config = tiny_config("rollout_gdro", **{"prompt_gdro.realisation": "resample"})
-    assert configs.build_controllers(config, 64)[1] is None
+    assert configs.build_controllers(config, 64).prompt_adversary is None
     config = tiny_config("prompt_gdro", **{"prompt_gdro.realisation": "resampled"})
     with pytest.raises(ValueError, match=r"config\.prompt_gdro\.realisation must be one of"):
         configs.build_controllers(config, 64)

@@ -253,8 +253,6 @@ def result(request, model):
         gdro,
         grpo,
         num_prompts=NUM_PROMPTS,
-        num_bins=len(SCORES),
-        prompt_adversary=prompt,
     )
     new_state, metrics = jax.jit(update, compiler_options=FAST_COMPILE)(
         state, plan, prompt_ids, batch
