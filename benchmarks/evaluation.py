@@ -47,7 +47,7 @@ def main() -> None:
     )
     model = models.init_decoder(config, seed=0)
     rows = data.load_preset("math500", args.data_dir, tokenizer=tokenizer)[: args.problems]
-    settings = evaluation.MathEvalSettings(
+    settings = evaluation.EvalSettings(
         num_samples=args.samples, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size
     )
     print(

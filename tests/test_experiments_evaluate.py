@@ -5,7 +5,7 @@
 - A chain-task policy: a 2-step training run of the smallest trainer config, evaluated from its
   work directory and from its `model/` folder on the task's test split.
 - Refusals: one line on stderr, exit status 2, and `--out` untouched.
-- `load_policy`'s errors for folders that are not policies, and the `auto` dtype.
+- `open_policy`'s errors for folders that are not policies, and the `auto` dtype.
 
 The entry point runs as a subprocess: parsing absl flags in this process would also run the
 required-flag validators of the other entry points that tests import.
@@ -255,7 +255,7 @@ def test_a_chain_run_is_evaluated_on_its_test_split(chain_run, chain_evaluation)
 def test_the_model_folder_gives_the_same_evaluation(chain_run, chain_evaluation, tmp_path):
     out, _ = chain_evaluation
     report = evaluation.evaluate_policy(chain_run / "model", tmp_path / "eval", progress=False)
-    assert isinstance(report, evaluation.TaskReport) and report.settings["step"] is None
+    assert isinstance(report, evaluation.ChainReport) and report.settings["step"] is None
     assert (tmp_path / "eval" / "completions.jsonl").read_bytes() == (
         out / "completions.jsonl"
     ).read_bytes()
@@ -299,28 +299,28 @@ def test_missing_required_flag_is_one_line(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_load_policy_errors(policy_dir, tmp_path):
+def test_open_policy_errors(policy_dir, tmp_path):
     with pytest.raises(FileNotFoundError, match="is not a folder"):
-        evaluation.load_policy(tmp_path / "absent")
+        evaluation.open_policy(tmp_path / "absent")
     with pytest.raises(FileNotFoundError, match="no config.json"):
-        evaluation.load_policy(tmp_path)
+        evaluation.open_policy(tmp_path)
     no_tokenizer = tmp_path / "no_tokenizer"
     no_tokenizer.mkdir()
     for name in ("config.json", "model.safetensors"):
         (no_tokenizer / name).write_bytes((policy_dir / name).read_bytes())
     with pytest.raises(FileNotFoundError, match="has no tokenizer"):
-        evaluation.load_policy(no_tokenizer)
+        evaluation.open_policy(no_tokenizer)
     (no_tokenizer / "model.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="no \\*.safetensors"):
-        evaluation.load_policy(no_tokenizer)
-    model, tokenizer = evaluation.load_policy(policy_dir, dtype="float32")
-    assert model.config.vocab_size == len(tokenizer)
+        evaluation.open_policy(no_tokenizer)
+    opened = evaluation.open_policy(policy_dir, dtype="float32")
+    assert opened.task_kind == "math" and opened.model.config.vocab_size == len(opened.tokenizer)
 
 
 def test_auto_dtype_is_float32_on_cpu_and_bfloat16_on_accelerators(policy_dir, monkeypatch):
     assert jax.default_backend() == "cpu"
     assert evaluation.resolve_dtype("auto") == "float32"
-    model, _ = evaluation.load_policy(policy_dir)
+    model = evaluation.open_policy(policy_dir).model
     dtypes = {leaf.dtype for leaf in jax.tree.leaves(nnx.state(model, nnx.Param))}
     assert dtypes == {jnp.dtype(jnp.float32)}
     for backend in ("gpu", "tpu"):

@@ -1,62 +1,49 @@
-"""Evaluation: the unbiased pass@k estimator, mean@k, bootstrap summaries, the chain-task harness
-(k samples per problem, per-level and pooled tables, the test-split report with its frontier),
-the math harness, and `evaluate_policy`, which evaluates a policy on the task it was trained for.
+"""Evaluation, chain task and math alike: k samples per problem, the unbiased pass@k and mean@k
+with bootstrap intervals, per level (chain task) or per benchmark and difficulty bin (math).
+
+- `evaluate_policy(path, out_dir)`: the one entry point for a saved policy (`experiments/
+  evaluate.py`): it opens the policy (`open_policy`), finds the task it was trained for and
+  writes that task's report.
+- `evaluate_chain(model, rows, task_config, settings)`: a policy in memory on chain-task problems
+  (the warm start, the demo, the study at a run's end and at its snapshots along the way).
+- `evaluate_math(model, tokenizer, benchmarks, grader=..., out_dir=...)`: a policy in memory on
+  math benchmarks, resumable.
+- `EvalSettings`: the sampling settings of both, with each task's defaults.
+- `pass_at_k`, `mean_at_k`, `summarize_counts`: the statistics, on counts alone.
 """
 
-from gdro_jax.eval._evaluate import SAMPLING_FLAGS, evaluate_math_policy, evaluate_policy
-from gdro_jax.eval._math_eval import MathEvalSettings, MathEvaluation, evaluate_math, load_bins
-from gdro_jax.eval._passk import PassSummary, mean_at_k, pass_at_k, summarize_counts
-from gdro_jax.eval._policy import (
-    DTYPES,
-    Policy,
-    find_run_config,
-    load_policy,
-    open_policy,
-    resolve_dtype,
-)
-from gdro_jax.eval._task_eval import (
-    TaskEvaluation,
-    evaluate_task,
-    evaluate_with,
-    format_level_table,
-    sample_correct_counts,
-)
-from gdro_jax.eval._task_report import (
+from gdro_jax.eval._chain import (
     FRONTIER_K,
     FRONTIER_PASS,
-    TaskEvalSettings,
-    TaskReport,
-    evaluate_task_policy,
-    frontier_levels,
+    ChainEvaluation,
+    ChainReport,
+    evaluate_chain,
 )
+from gdro_jax.eval._evaluate import evaluate_policy
+from gdro_jax.eval._harness import SAMPLING_FLAGS, EvalSettings
+from gdro_jax.eval._math import evaluate_math, load_bins
+from gdro_jax.eval._math_report import MathEvaluation
+from gdro_jax.eval._passk import PassSummary, mean_at_k, pass_at_k, summarize_counts
+from gdro_jax.eval._policy import DTYPES, Policy, open_policy, resolve_dtype
 
 __all__ = [
     "DTYPES",
     "FRONTIER_K",
     "FRONTIER_PASS",
-    "MathEvalSettings",
+    "SAMPLING_FLAGS",
+    "ChainEvaluation",
+    "ChainReport",
+    "EvalSettings",
     "MathEvaluation",
     "PassSummary",
-    "SAMPLING_FLAGS",
     "Policy",
-    "TaskEvalSettings",
-    "TaskEvaluation",
-    "TaskReport",
+    "evaluate_chain",
     "evaluate_math",
-    "evaluate_math_policy",
     "evaluate_policy",
-    "evaluate_task",
-    "evaluate_task_policy",
-    "evaluate_with",
-    "find_run_config",
-    "format_level_table",
-    "frontier_levels",
     "load_bins",
-    "load_policy",
     "mean_at_k",
     "open_policy",
     "pass_at_k",
     "resolve_dtype",
-    "sample_correct_counts",
     "summarize_counts",
 ]

@@ -1,63 +1,37 @@
 """Evaluation on math benchmarks: k samples per problem, math-verify grading, pass@k tables.
 
-`evaluate_math` samples `num_samples` completions of every problem of every benchmark with the
-KV-cache sampler, decodes them, grades them with a `rewards.MathGrader` (last `\\boxed{}`,
-math-verify, worker processes with a per-item timeout), and reports mean@k and the unbiased
-pass@j for every j <= k per benchmark, pooled over all problems, and per difficulty bin, with
-bootstrap intervals over problems (`summarize_counts`, SPEC 9). The paper's settings are the
-defaults: 8 samples at T = 0.6, top-p 0.8, top-k 20.
+`evaluate_math` samples `num_samples` completions of every problem of every benchmark
+(`_harness.sample_batch`), decodes them, grades them with a `rewards.MathGrader` (last
+`\\boxed{}`, math-verify, worker processes with a per-item timeout), and reports mean@k and the
+unbiased pass@j for every j <= k per benchmark, pooled, and per difficulty bin, with bootstrap
+intervals over problems (`_math_report.py`). docs/evaluation.md says it for a user.
 
-Shapes. Prompts are tokenized up front; every sampler call holds `batch_size` problems x
-`num_samples` slots and prompts padded to one length P (the longest kept prompt of the whole
-request, rounded up to `prompt_bucket`), so the sampler compiles once. A benchmark's last batch
-is padded with its first problems; their extra samples are dropped.
-
-Long prompts. A prompt longer than `max_prompt_tokens` is never truncated (cutting a math problem
-changes the question): it is skipped and counted in the report (`on_long_prompt="skip"`), or
-raises (`"raise"`).
-
-Resuming. The output folder holds `settings.json` (the sampling settings and the policy's name)
-and `samples.jsonl`, one line per finished problem (its id, prompt hash, scores, statuses, c and
-n), appended as each batch is graded (`_math_files.py`). A rerun into the same folder skips
-finished problems; its settings must equal the stored ones (else a ValueError names the first
-differing setting), and a finished problem whose prompt changed raises too. Batch b of a benchmark
-always holds the same problems and samples with `fold_in(fold_in(key(seed), crc32(benchmark)),
-b)`, so an interrupted and resumed run gives the same samples as an uninterrupted one (given the
-same request: P depends on the longest prompt requested and changes results only by
-floating-point rounding). Bins are not stored with the samples: rerunning with other bins
-rewrites the report without sampling anything.
-
-Several processes (`jax.distributed` initialised, e.g. `experiments/evaluate.py` with
-`--num_processes`): each holds the policy on its own devices; the batches left are dealt out
-round by round (process p samples and grades the p-th of each round on its own host), and
-process 0 alone reads and writes the output folder, writing each round's batches in order. Batch
-keys do not depend on who samples, so the files equal a single process's (up to the matmuls'
-rounding on other devices).
-
-Nothing is written before the request is checked: prompts are tokenized (a tokenizer that cannot
-encode them, such as the chain task's, raises a ValueError naming the problem), bins read, and
-the stored settings and prompts compared first. A refused run leaves the folder untouched, and a
-folder without finished problems takes new settings.
-
-Difficulty bins. A problem's bin is an integer: from a user mapping (problem id -> bin, e.g. the
-bins a training run's classifier assigned; optionally nested per benchmark, see `load_bins`) when
-one is given, else from the row field `bin_field` (MATH500's `level`, 1-5). Problems without a
-bin are reported in an `"unbinned"` row of the per-bin tables; they count in every per-benchmark
-and pooled figure.
-
-Outputs: `report.json` (everything, including per-problem n and c and the grader's outcome
-counts), `report.md` (tables), next to `settings.json` and `samples.jsonl`; with
-`save_completions`, `completions.jsonl`: every problem's prompt and gold answer and each
-completion's text, extracted answer (`rewards.extract_answer`, the grader's default patterns)
-and grading status.
+- Shapes: prompts are tokenized up front and padded to one length P (the longest kept prompt of
+  the request, rounded up to `prompt_bucket`), so the sampler compiles once.
+- Long prompts (over `max_prompt_tokens`) are never truncated (cutting a problem changes the
+  question): skipped and counted (`on_long_prompt="skip"`), or they raise.
+- Resuming: `settings.json` and `samples.jsonl` (`_math_files.py`). A rerun into the folder skips
+  finished problems; its settings and prompts must equal the stored ones. Batch b of a benchmark
+  always holds the same problems and samples with `fold_in(fold_in(key(seed),
+  crc32(benchmark)), b)`, so a resumed run gives an uninterrupted one's samples (P depends on the
+  request and changes results only by floating-point rounding). Bins are not stored: rerunning
+  with other bins rewrites the report without sampling.
+- Several processes (`jax.distributed` initialised): each holds the policy; the batches left are
+  dealt out round by round (process p samples and grades the round's p-th), and process 0 alone
+  reads and writes the folder, each round's batches in order: the files a single process writes
+  (up to the matmuls' rounding on other devices).
+- Nothing is written before the request is checked (prompts tokenized, a tokenizer that cannot
+  encode them refused naming the problem, bins read, stored settings and prompts compared).
+- Bins: an integer from a user mapping (problem id -> bin, optionally per benchmark,
+  `load_bins`), else the row field `bin_field` (MATH500's `level`); problems without one go to
+  an `"unbinned"` row and count in every per-benchmark and pooled figure.
 
 References:
   Panaganti et al., 2026 (arXiv 2601.19280): evaluation with 8 samples, T = 0.6, top-p 0.8,
   top-k 20, mean@8 and pass@8.
   Chen et al., 2021 (arXiv 2107.03374): the unbiased pass@k estimator.
 
-Over 400 lines on purpose: sampling, grading and the resumable per-problem files share one
-loop; the files live in `_math_files.py`, the report in `_math_report.py`.
+Over 350 lines on purpose: sampling, grading and the resumable per-problem files share one loop.
 """
 
 from __future__ import annotations
@@ -80,55 +54,16 @@ from tqdm.auto import tqdm
 
 from gdro_jax import rewards, runtime
 from gdro_jax.eval import _math_files as files
+from gdro_jax.eval._harness import (
+    REPORT_JSON,
+    REPORT_MARKDOWN,
+    EvalSettings,
+    batch_rows,
+    sample_batch,
+)
 from gdro_jax.eval._math_files import COMPLETIONS_FILE, SAMPLES_FILE, SETTINGS_FILE
 from gdro_jax.eval._math_report import MathEvaluation, summarize_problems
 from gdro_jax.sampling import FinishReason, generate
-
-REPORT_JSON = "report.json"
-REPORT_MARKDOWN = "report.md"
-
-
-@dataclasses.dataclass(frozen=True)
-class MathEvalSettings:
-    """What decides the samples; a resumed run must use the same values.
-
-    Attributes:
-      num_samples: k, completions per problem; pass@j is reported for j = 1..k.
-      temperature: sampling temperature (0: greedy).
-      top_p: nucleus filter in (0, 1] (1: off).
-      top_k: keep the k most likely tokens (0: off).
-      max_new_tokens: the most tokens per completion.
-      max_prompt_tokens: longer prompts are skipped or raise (never truncated).
-      batch_size: problems per sampler call (`batch_size * num_samples` sequences).
-      seed: PRNG seed of the samples.
-      prompt_bucket: the padded prompt length is a multiple of this.
-    """
-
-    num_samples: int = 8
-    temperature: float = 0.6
-    top_p: float = 0.8
-    top_k: int = 20
-    max_new_tokens: int = 4096
-    max_prompt_tokens: int = 2048
-    batch_size: int = 8
-    seed: int = 0
-    prompt_bucket: int = 64
-
-    def __post_init__(self):
-        for name in ("num_samples", "max_new_tokens", "max_prompt_tokens", "batch_size"):
-            _check_int(name, getattr(self, name), minimum=1)
-        _check_int("top_k", self.top_k, minimum=0)
-        _check_int("seed", self.seed, minimum=0)
-        _check_int("prompt_bucket", self.prompt_bucket, minimum=1)
-        if not (isinstance(self.temperature, int | float) and self.temperature >= 0):
-            raise ValueError(f"temperature must be >= 0, got temperature={self.temperature!r}")
-        if not (isinstance(self.top_p, int | float) and 0 < self.top_p <= 1):
-            raise ValueError(f"top_p must be a float in (0, 1], got top_p={self.top_p!r}")
-
-
-def _check_int(name: str, value: Any, *, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {name}={value!r}")
 
 
 def load_bins(path: str | os.PathLike) -> dict[str, Any]:
@@ -259,7 +194,7 @@ def evaluate_math(
     *,
     grader,
     out_dir: str | os.PathLike,
-    settings: MathEvalSettings | None = None,
+    settings: EvalSettings | None = None,
     policy_name: str = "",
     bins: Mapping[str, Any] | None = None,
     bin_field: str | None = "level",
@@ -282,7 +217,7 @@ def evaluate_math(
         prompts (e.g. `data.load_preset(name, tokenizer=tokenizer)`); ids unique per benchmark.
       grader: a `rewards.MathGrader` (started once by the caller, reused across calls).
       out_dir: the output folder (created; holds the resume files and the reports).
-      settings: the sampling settings (`MathEvalSettings`; None: the paper's defaults).
+      settings: the sampling settings (`EvalSettings`; None: the paper's defaults).
       policy_name: recorded with the settings, so resuming with another policy fails.
       bins: optional mapping problem id -> integer bin (`load_bins`); replaces `bin_field`.
       bin_field: the row field holding the bin when `bins` is None (None: no bins).
@@ -306,14 +241,11 @@ def evaluate_math(
       ValueError: for bad arguments, a prompt the tokenizer cannot encode, a prompt over the
         limit with `on_long_prompt="raise"`, a setting or prompt that differs from the stored
         samples', duplicate ids, or bad bins; all before anything is written to `out_dir`.
-
-    References:
-      Panaganti et al., 2026 (arXiv 2601.19280); Chen et al., 2021 (arXiv 2107.03374), eq. 1.
     """
     if on_long_prompt not in ("skip", "raise"):
         raise ValueError(f"on_long_prompt must be 'skip' or 'raise', got {on_long_prompt!r}")
     start_time = time.perf_counter()
-    settings = MathEvalSettings() if settings is None else settings
+    settings = EvalSettings() if settings is None else settings
     k, batch_size = settings.num_samples, settings.batch_size
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
@@ -356,7 +288,6 @@ def evaluate_math(
         | ({int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set())
     )
     pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
-    prompt_of_slot_R = np.repeat(np.arange(batch_size, dtype=np.int32), k)
     base_key = jax.random.key(settings.seed)
     timing = collections.Counter()
     restarts_before = grader.stats.restarts
@@ -370,27 +301,17 @@ def evaluate_math(
         """Batch j's samples and the grades of its problems left to do (this process's work)."""
         name, batch, first = batches[j]
         kept = plan[name]["kept"]
-        # The last batch is padded with the benchmark's first problems (one shape).
-        rows_B = [kept[(first + i) % len(kept)] for i in range(batch_size)]
+        rows_B = [kept[i] for i in batch_rows(first, batch_size, len(kept))]
         tokens_BP = np.full((batch_size, prompt_pad), pad_id, np.int32)
         for i, (_, _, tokens, _) in enumerate(rows_B):
             tokens_BP[i, : len(tokens)] = tokens
         lengths_B = np.asarray([len(t) for _, _, t, _ in rows_B], np.int32)
         key = jax.random.fold_in(jax.random.fold_in(base_key, _stable_hash(name)), batch)
         tick = time.perf_counter()
-        result = sampler(
-            model,
-            tokens_BP,
-            prompt_lengths=lengths_B,
-            prompt_of_slot=prompt_of_slot_R,
-            key=key,
-            max_new_tokens=settings.max_new_tokens,
-            temperature=settings.temperature,
-            top_p=settings.top_p,
-            top_k=settings.top_k,
-            eos_ids=eos_ids,
-            pad_id=pad_id,
-        )
+        result = sample_batch(
+            model, sampler, tokens_BP, lengths_B, settings=settings, key=key,
+            max_new_tokens=settings.max_new_tokens, eos_ids=eos_ids, pad_id=pad_id,
+        )  # fmt: skip
         tokens_RM = np.asarray(result.tokens, np.int32)
         lengths_R = np.asarray(result.lengths, np.int32)
         finish = getattr(result, "finish_reasons", None)

@@ -14,7 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from gdro_jax.eval._passk import PassSummary, summarize_counts
+from gdro_jax.eval._passk import (
+    PassSummary,
+    markdown_table,
+    summarize_counts,
+    summary_cells,
+    summary_dict,
+)
 from gdro_jax.rewards import STATUSES
 
 UNBINNED = "unbinned"
@@ -82,27 +88,13 @@ class MathEvaluation:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of everything (the content of `report.json`)."""
         k = self.num_samples
-
-        def plain(summary: PassSummary | None) -> dict[str, Any] | None:
-            if summary is None:
-                return None
-            return {
-                "num_problems": summary.num_problems,
-                f"mean@{k}": summary.mean,
-                f"mean@{k}_interval": summary.mean_interval.tolist(),
-                "pass@k": {str(j + 1): float(v) for j, v in enumerate(summary.pass_at)},
-                "pass@k_interval": {
-                    str(j + 1): v.tolist() for j, v in enumerate(summary.pass_interval)
-                },
-            }
-
         benchmarks = {}
         for name, summary in self.by_benchmark.items():
             benchmarks[name] = {
-                "summary": plain(summary),
+                "summary": summary_dict(summary, k),
                 "skipped_long_prompts": len(self.skipped[name]),
                 "skipped_ids": list(self.skipped[name]),
-                "bins": {label: plain(s) for label, s in self.by_benchmark_bin[name].items()},
+                "bins": {lb: summary_dict(s, k) for lb, s in self.by_benchmark_bin[name].items()},
             }
         evaluated = [s for s in self.by_benchmark.values() if s is not None]
         average = None
@@ -118,9 +110,9 @@ class MathEvaluation:
             "num_samples": k,
             "bin_source": self.bin_source,
             "benchmarks": benchmarks,
-            "pooled": plain(self.pooled),
+            "pooled": summary_dict(self.pooled, k),
             "benchmark_average": average,
-            "bins": {label: plain(s) for label, s in self.by_bin.items()},
+            "bins": {label: summary_dict(s, k) for label, s in self.by_bin.items()},
             "grader": self.grader,
             "timing": self.timing,
             "problems": self.problems,
@@ -129,25 +121,15 @@ class MathEvaluation:
     def to_markdown(self) -> str:
         """Markdown tables: per benchmark (and pooled), per bin, with 95 % intervals."""
         k = self.num_samples
-        header = ["", "problems", f"mean@{k}"] + [f"pass@{j}" for j in range(1, k + 1)]
-
-        def cell(value: float, interval: np.ndarray) -> str:
-            return f"{value:.3f} [{interval[0]:.3f}, {interval[1]:.3f}]"
+        ks = range(1, k + 1)
+        header = ["problems", f"mean@{k}"] + [f"pass@{j}" for j in ks]
 
         def row(name: str, summary: PassSummary | None, extra: str = "") -> list[str]:
-            if summary is None:
-                return [name, "0" + extra] + ["-"] * (k + 1)
-            return [
-                name,
-                f"{summary.num_problems}{extra}",
-                cell(summary.mean, summary.mean_interval),
-            ] + [cell(summary.pass_at[j], summary.pass_interval[j]) for j in range(k)]
+            cells = summary_cells(summary, ks)
+            return [name, cells[0] + extra, *cells[1:]]
 
         def table(first: str, rows: list[list[str]]) -> list[str]:
-            lines = ["| " + " | ".join([first, *header[1:]]) + " |"]
-            lines.append("|---|" + "---:|" * (len(header) - 1))
-            lines += ["| " + " | ".join(r) + " |" for r in rows]
-            return lines
+            return markdown_table([first, *header], rows)
 
         s = self.settings
         out = [

@@ -21,7 +21,8 @@ References:
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -220,3 +221,33 @@ def summarize_counts(
         by_group[int(group)] = summary(rows, np.zeros(int(rows.sum()), np.int64))
     pooled = summary(np.ones_like(groups_N, bool), groups_N)
     return by_group, pooled
+
+
+def summary_dict(summary: PassSummary | None, n: int) -> dict[str, Any] | None:
+    """A summary as the reports store it: `num_problems`, mean@n and pass@k with intervals (keys
+    "1".."n"); None stays None."""
+    if summary is None:
+        return None
+    return {
+        "num_problems": summary.num_problems,
+        f"mean@{n}": summary.mean,
+        f"mean@{n}_interval": summary.mean_interval.tolist(),
+        "pass@k": {str(k + 1): float(v) for k, v in enumerate(summary.pass_at)},
+        "pass@k_interval": {str(k + 1): v.tolist() for k, v in enumerate(summary.pass_interval)},
+    }
+
+
+def summary_cells(summary: PassSummary | None, ks: Sequence[int]) -> list[str]:
+    """A table row's cells: problems, mean@n and pass@k for each k in `ks`, each as `estimate
+    [low, high]`; "0" and dashes for no summary."""
+    if summary is None:
+        return ["0"] + ["-"] * (len(ks) + 1)
+    values = [(summary.mean, summary.mean_interval)]
+    values += [(summary.pass_at[k - 1], summary.pass_interval[k - 1]) for k in ks]
+    return [str(summary.num_problems)] + [f"{v:.3f} [{i[0]:.3f}, {i[1]:.3f}]" for v, i in values]
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """The lines of a Markdown table: the first column left-aligned, the others right."""
+    lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]

@@ -69,7 +69,7 @@ class Policy:
     step: int | None
 
 
-def find_run_config(folder: str | os.PathLike) -> dict[str, Any] | None:
+def _find_run_config(folder: str | os.PathLike) -> dict[str, Any] | None:
     """The run config saved in `folder`: a training run's `config.json` (a JSON object with a
     `task` block or a `task_kind`), or the `config` of a warm start's `pretrain.json`; None when
     there is none (an HF `config.json` is not a run config)."""
@@ -110,8 +110,7 @@ def _task_kind(run_config: dict | None, tokenizer, path: str) -> str:
     return "math"
 
 
-def _check_hf_folder(path: str, names: set[str]) -> None:
-    weights = any(n.endswith(".safetensors") or n.endswith(".index.json") for n in names)
+def _check_hf_folder(path: str, names: set[str], weights: bool) -> None:
     if "config.json" not in names:
         raise FileNotFoundError(
             f"policy={path!r} is not a model folder (no config.json) nor a training work "
@@ -163,9 +162,9 @@ def _load(path, dtype: str):
     if not weights and os.path.isdir(os.path.join(path, models.MODEL_DIR)):
         # A run without checkpoints, or a warm start: its final policy.
         return _load(os.path.join(path, models.MODEL_DIR), dtype)
-    _check_hf_folder(path, names)
+    _check_hf_folder(path, names, weights)
     model = models.from_pretrained(path, dtype=jnp.dtype(dtype))
-    run_config = find_run_config(os.path.dirname(path))
+    run_config = _find_run_config(os.path.dirname(path))
     return model, models.load_tokenizer(path), None, path, run_config
 
 
@@ -193,25 +192,3 @@ def open_policy(path: str | os.PathLike, *, dtype: str = "auto") -> Policy:
             f"{tasks.VOCAB_SIZE} symbols, but the model has vocab_size={model.config.vocab_size}"
         )
     return Policy(model, tokenizer, kind, run_config, path, step)
-
-
-def load_policy(path: str | os.PathLike, *, dtype: str = "auto"):
-    """Loads a policy to evaluate: a HuggingFace model folder, or a training run's checkpoint.
-
-    Args:
-      path: a folder holding `config.json`, `*.safetensors` (or an index) and tokenizer files;
-        or a training work directory holding `checkpoints/`, whose newest usable checkpoint is
-        read (the run's config rebuilds the policy and its tokenizer); or a finished run's
-        folder without checkpoints, read through its `model/`.
-      dtype: parameter dtype of an HF folder's weights: "float32", "bfloat16", or "auto"
-        (float32 on CPU, bfloat16 on accelerators; `resolve_dtype`). A checkpoint keeps the
-        run's own dtype.
-
-    Returns:
-      `(model, tokenizer)`: a `gdro_jax.models.Decoder` and a transformers tokenizer.
-
-    Raises:
-      FileNotFoundError: naming the folder and what it lacks.
-    """
-    model, tokenizer, *_ = _load(path, resolve_dtype(dtype))
-    return model, tokenizer

@@ -43,7 +43,6 @@ import ml_collections
 
 from gdro_jax import configs, controllers, models, tasks
 from gdro_jax import eval as evaluation
-from gdro_jax.eval import evaluate_with
 from gdro_jax.study._decisions import decision_summary
 from gdro_jax.study._demo import BASELINE
 from gdro_jax.train import read_metrics, snapshot_path, train
@@ -225,10 +224,10 @@ def _split_rows(config: ml_collections.ConfigDict) -> tuple[tasks.ChainTaskConfi
     return task_config, getattr(tasks.build_splits(task_config), split)
 
 
-def _evaluate(model_dir, config, progress: bool) -> evaluation.TaskEvaluation:
+def _evaluate(model_dir, config, progress: bool) -> evaluation.ChainEvaluation:
     task_config, rows = _split_rows(config)
     policy = models.from_pretrained(model_dir)
-    return evaluate_with(policy, task_config, rows, config.eval, progress)
+    return evaluation.evaluate_chain(policy, rows, task_config, config.eval, progress=progress)
 
 
 def prepare_warm_start(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> pathlib.Path:

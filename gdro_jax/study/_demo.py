@@ -23,7 +23,7 @@ from matplotlib.figure import Figure
 
 from gdro_jax import configs, controllers, models, tasks
 from gdro_jax import eval as evaluation
-from gdro_jax.eval import evaluate_with, pass_at_k
+from gdro_jax.eval import evaluate_chain, pass_at_k
 from gdro_jax.train import read_metrics, train
 from gdro_jax.warmstart import FRONTIER_FILE, pretrain
 
@@ -43,7 +43,7 @@ def warm_start_frontier(warm_start_dir: str | pathlib.Path) -> tuple[list[int], 
     return levels, k
 
 
-def frontier_pass_at(result: evaluation.TaskEvaluation, k: int, levels: list[int]) -> float:
+def frontier_pass_at(result: evaluation.ChainEvaluation, k: int, levels: list[int]) -> float:
     """Unbiased pass@k pooled over the problems of `levels` (NaN when there are none)."""
     chosen = np.isin(result.levels, levels)
     if not chosen.any():
@@ -52,7 +52,7 @@ def frontier_pass_at(result: evaluation.TaskEvaluation, k: int, levels: list[int
 
 
 def format_comparison(
-    results: dict[str, evaluation.TaskEvaluation],
+    results: dict[str, evaluation.ChainEvaluation],
     ks=(1, 8),
     frontier_levels: list[int] | None = None,
     frontier_k: int = evaluation.FRONTIER_K,
@@ -110,7 +110,7 @@ def _plot_rewards(workdir: pathlib.Path, methods: list[str]) -> None:
 
 
 def _plot_pass_at_k(
-    workdir: pathlib.Path, results: dict[str, evaluation.TaskEvaluation], k: int
+    workdir: pathlib.Path, results: dict[str, evaluation.ChainEvaluation], k: int
 ) -> None:
     methods = list(results)
     levels = list(next(iter(results.values())).by_level)
@@ -163,7 +163,7 @@ def run_demo(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> 
       workdir: the output folder.
 
     Returns:
-      A dict with `results` (method -> `TaskEvaluation`, the warm start included), `table`
+      A dict with `results` (method -> `ChainEvaluation`, the warm start included), `table`
       and `seconds` (wall time per phase).
     """
     methods = [m for m in config.methods.split(",") if m]
@@ -178,12 +178,14 @@ def run_demo(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> 
 
     task_config = configs.chain_task_config(config.train)
     test_rows = tasks.build_splits(task_config).test
-    results: dict[str, evaluation.TaskEvaluation] = {}
+    results: dict[str, evaluation.ChainEvaluation] = {}
 
     # The warm start's own row: the same evaluation before any RL.
     start = time.perf_counter()
     warm = models.from_pretrained(model_dir)
-    results[BASELINE] = evaluate_with(warm, task_config, test_rows, config.eval, config.progress)
+    results[BASELINE] = evaluate_chain(
+        warm, test_rows, task_config, config.eval, progress=config.progress
+    )
     seconds[f"eval/{BASELINE}"] = time.perf_counter() - start
 
     for method in methods:
@@ -196,7 +198,9 @@ def run_demo(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> 
         seconds[f"train/{method}"] = time.perf_counter() - start
         start = time.perf_counter()
         policy = nnx.merge(out["run"].graphdef, out["state"].params)
-        result = evaluate_with(policy, task_config, test_rows, config.eval, config.progress)
+        result = evaluate_chain(
+            policy, test_rows, task_config, config.eval, progress=config.progress
+        )
         seconds[f"eval/{method}"] = time.perf_counter() - start
         (workdir / method / "eval.json").write_text(json.dumps(result.to_dict(), indent=2))
         results[method] = result

@@ -49,7 +49,7 @@ def problem_success(evaluation: Any) -> tuple[np.ndarray, np.ndarray]:
     """Each problem's level and success rate from a warm start's evaluation.
 
     Args:
-      evaluation: an `eval.TaskEvaluation` or its `to_dict()` (as stored in `frontier.json`'s
+      evaluation: an `eval.ChainEvaluation` or its `to_dict()` (as stored in `frontier.json`'s
         `"evaluation"`).
 
     Returns:
@@ -104,7 +104,7 @@ def premise_criteria(
     """The five premise criteria of a profile (module docstring), in order.
 
     Args:
-      evaluation: the warm start's validation evaluation (`TaskEvaluation` or its dict).
+      evaluation: the warm start's validation evaluation (`ChainEvaluation` or its dict).
       rows: a GRPO pilot's `metrics.jsonl` rows (`train.read_metrics`).
       level_shares: float[L] the pool's share of levels 1..L (`pool_level_shares`).
       after_step: rows with `step > after_step` count (the first pass over the pool excluded).

@@ -190,7 +190,7 @@ def pretrain_model(
 
 
 def check_frontier(
-    result: evaluation.TaskEvaluation,
+    result: evaluation.ChainEvaluation,
     *,
     easiest_min_pass1: float,
     hardest_max_pass1: float,
@@ -283,8 +283,8 @@ def pretrain(
     eval_start, eval_cpu_start = time.perf_counter(), time.process_time()
     task = task_config(config)
     ev = config.eval
-    result = evaluation.evaluate_with(
-        trained.model, task, tasks.build_splits(task).validation, ev, config.progress
+    result = evaluation.evaluate_chain(
+        trained.model, tasks.build_splits(task).validation, task, ev, progress=config.progress
     )
     eval_seconds = time.perf_counter() - eval_start
     eval_cpu_seconds = time.process_time() - eval_cpu_start
@@ -294,7 +294,7 @@ def pretrain(
         hardest_max_pass1=config.frontier.hardest_max_pass1,
         hardest_k=ev.num_samples,
     )
-    table = evaluation.format_level_table(result)
+    table = result.to_table()
     print(f"warm start: validation, {ev.num_samples} samples per problem at T={ev.temperature}")
     print(table)
     verdict = "meets" if frontier["satisfied"] else "MISSES"

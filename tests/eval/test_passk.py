@@ -1,17 +1,14 @@
-"""pass@k estimators, grouped summaries with bootstrap intervals, and the chain-task harness."""
+"""pass@k estimators and grouped summaries with bootstrap intervals."""
 
 import math
 from fractions import Fraction
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gdro_jax import eval as evaluation
-from gdro_jax import sampling, tasks
 
 
 def _exact_pass_at_k(n: int, c: int, k: int) -> float:
@@ -115,141 +112,3 @@ def test_summarize_counts_matches_direct_reference():
 def test_summarize_counts_interval_has_zero_width_for_identical_problems():
     by_group, _ = evaluation.summarize_counts(np.full(12, 3), 8, np.ones(12, int))
     np.testing.assert_allclose(by_group[1].pass_interval[:, 0], by_group[1].pass_interval[:, 1])
-
-
-# ------------------------------------------------------------------------------------------------
-# The harness with a fake sampler of known per-level success probabilities.
-
-_LEVEL_ODDS = {1: 1.0, 2: 0.0, 5: 0.3}  # chance that a sample is the gold solution
-_PROBLEMS_PER_LEVEL = 24
-_NUM_SAMPLES = 8
-
-
-def _fake_sampler(
-    model, prompt_tokens, *, prompt_lengths, prompt_of_slot, key, max_new_tokens, eos_ids, **_
-):
-    """Writes each slot's gold solution with its level's odds, else one with a wrong first token.
-
-    It reads the chain back from the prompt tokens, so it checks that the harness hands every slot
-    its own prompt.
-    """
-    del model
-    assert tuple(eos_ids) == (tasks.EOS_ID,)
-    rows = []
-    for tokens, length in zip(np.asarray(prompt_tokens), np.asarray(prompt_lengths), strict=True):
-        chain = tasks.decode(tokens[:length])  # e.g. "3+4*7=" (<bos> dropped)
-        pairs = chain[1:-1]
-        rows.append(
-            tasks.make_problem(int(chain[0]), list(pairs[::2]), [int(d) for d in pairs[1::2]])
-        )
-    slots = np.asarray(prompt_of_slot)
-    gold_RM, lengths_R = tasks.encode_solutions(
-        [rows[i]["solution"] for i in slots], max_new_tokens
-    )
-    odds_R = np.asarray([_LEVEL_ODDS[rows[i]["level"]] for i in slots])
-    hit_R = np.asarray(jax.random.uniform(key, (len(slots),))) < odds_R
-    gold_RM[~hit_R, 0] = tasks.VOCAB.index("*")  # a solution never starts with an operation
-    return sampling.GenerationResult(
-        tokens=jnp.asarray(gold_RM),
-        logprobs=jnp.zeros(gold_RM.shape),
-        lengths=jnp.asarray(lengths_R),
-        finish_reasons=jnp.ones(len(slots), jnp.int32),
-        prompt_tokens=jnp.asarray(prompt_tokens)[slots],
-        prompt_lengths=jnp.asarray(prompt_lengths)[slots],
-    )
-
-
-def _problem_rows():
-    rng = np.random.default_rng(0)
-    return [
-        tasks.make_problem(
-            int(rng.integers(10)),
-            [tasks.OPERATIONS[i] for i in rng.integers(3, size=level)],
-            rng.integers(10, size=level).tolist(),
-        )
-        for level in _LEVEL_ODDS
-        for _ in range(_PROBLEMS_PER_LEVEL)
-    ]
-
-
-@pytest.fixture(scope="module")
-def fake_evaluation():
-    rows = _problem_rows()
-    config = tasks.ChainTaskConfig(num_levels=6, validation_per_level=4, test_per_level=4)
-    # 72 problems in batches of 20: the last batch is padded.
-    result = evaluation.evaluate_task(
-        None,
-        rows,
-        config,
-        key=jax.random.key(3),
-        num_samples=_NUM_SAMPLES,
-        batch_size=20,
-        num_resamples=200,
-        sampler=_fake_sampler,
-    )
-    return rows, config, result
-
-
-def test_harness_deterministic_levels_are_exact(fake_evaluation):
-    _, _, result = fake_evaluation
-    assert sorted(result.by_level) == sorted(_LEVEL_ODDS)
-    np.testing.assert_array_equal(result.by_level[1].pass_at, np.ones(_NUM_SAMPLES))
-    assert result.by_level[1].mean == 1.0
-    np.testing.assert_array_equal(result.by_level[2].pass_at, np.zeros(_NUM_SAMPLES))
-    assert result.by_level[2].mean == 0.0
-    assert all(s.num_problems == _PROBLEMS_PER_LEVEL for s in result.by_level.values())
-
-
-def test_harness_probabilistic_level_matches_its_odds(fake_evaluation):
-    _, _, result = fake_evaluation
-    odds = _LEVEL_ODDS[5]
-    samples = _PROBLEMS_PER_LEVEL * _NUM_SAMPLES
-    # Four binomial standard errors of the sample mean.
-    tolerance = 4 * math.sqrt(odds * (1 - odds) / samples)
-    assert result.by_level[5].mean == pytest.approx(odds, abs=tolerance)
-    assert result.pass_at(1, 5) == pytest.approx(odds, abs=tolerance)
-    for k in (2, 4, 8):
-        assert result.pass_at(k, 5) == pytest.approx(1 - (1 - odds) ** k, abs=0.1)
-    # Pooled numbers are the problem-weighted average of the levels (equal sizes here).
-    for k in range(1, _NUM_SAMPLES + 1):
-        levels = [result.pass_at(k, level) for level in _LEVEL_ODDS]
-        assert result.pass_at(k) == pytest.approx(np.mean(levels), abs=1e-12)
-
-
-def test_harness_counts_match_a_direct_reference(fake_evaluation):
-    rows, config, result = fake_evaluation
-    arrays = tasks.encode_rows(rows, config)
-    key = jax.random.key(3)
-    # Each harness batch b holds problems 20b .. 20b+19 (the last one wraps around to problem 0);
-    # redo its sampler call and grade with the string reference grader.
-    for batch in range(4):
-        rows_B = np.arange(20 * batch, 20 * batch + 20) % len(rows)
-        out = _fake_sampler(
-            None,
-            arrays.prompt_tokens[rows_B],
-            prompt_lengths=arrays.prompt_lengths[rows_B],
-            prompt_of_slot=np.repeat(np.arange(20), _NUM_SAMPLES),
-            key=jax.random.fold_in(key, batch),
-            max_new_tokens=config.max_solution_length,
-            eos_ids=(tasks.EOS_ID,),
-        )
-        tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
-        for i, problem in enumerate(rows_B[: len(rows) - 20 * batch]):
-            want = sum(
-                tasks.grade_tokens(tokens[r], rows[problem]["solution"], length=lengths[r])
-                for r in range(i * _NUM_SAMPLES, (i + 1) * _NUM_SAMPLES)
-            )
-            assert result.correct[problem] == want
-    assert result.correct.shape == (len(rows),)
-
-
-def test_format_level_table_lists_every_level_and_pooled(fake_evaluation):
-    *_, result = fake_evaluation
-    table = evaluation.format_level_table(result)
-    lines = table.splitlines()
-    assert lines[0].split() == ["level", "problems", "mean@8", "pass@1", "pass@8"]
-    assert [line.split()[0] for line in lines[2:]] == ["1", "2", "5", "pooled"]
-    assert lines[2].split()[2:4] == ["1.000", "[1.000,"]
-    with pytest.raises(ValueError, match="ks"):
-        evaluation.format_level_table(result, ks=[9])
-    assert result.to_dict()["levels"]["5"]["num_problems"] == _PROBLEMS_PER_LEVEL

@@ -36,7 +36,8 @@ def test_the_newest_checkpoint_gives_the_final_policy_and_reads_only(tmp_path):
     shutil.rmtree(workdir / "model")  # only the checkpoints remain
     listing = sorted(p.relative_to(workdir) for p in workdir.rglob("*"))
 
-    model, tokenizer = evaluation.load_policy(workdir)
+    policy = evaluation.open_policy(workdir)
+    model, tokenizer = policy.model, policy.tokenizer
     final = nnx.state(nnx.merge(result["run"].graphdef, result["state"].params), nnx.Param)
     for a, b in zip(
         jax.tree.leaves(nnx.state(model, nnx.Param)), jax.tree.leaves(final), strict=True

@@ -1,6 +1,5 @@
 """A real learning test: 30 GRPO steps on the chain task raise the reward of a small warm start."""
 
-import jax
 import numpy as np
 import pytest
 from flax import nnx
@@ -61,9 +60,8 @@ def test_thirty_grpo_steps_raise_the_reward(tmp_path):
     # The same 96 pool problems, 8 samples each, with the same key, before and after RL: the
     # expected reward itself went up, by more than the bootstrap intervals' half-widths.
     def pool_accuracy(model):
-        result = evaluation.evaluate_task(
-            model, run.splits.train, run.task_config, key=jax.random.key(5), batch_size=96
-        )
+        settings = evaluation.EvalSettings.of("chain", seed=5, batch_size=96)
+        result = evaluation.evaluate_chain(model, run.splits.train, run.task_config, settings)
         return result.pooled.mean, result.pooled.mean_interval
 
     before, before_interval = pool_accuracy(models.from_pretrained(tmp_path / "warm"))

@@ -222,7 +222,7 @@ def test_paper_configs_carry_the_papers_settings(module, d_model):
     assert (config.num_prompts, config.n_mean, config.steps) == (256, 4, 1000)
     assert config.optimizer.learning_rate == 1e-6 and config.max_new_tokens == 4096
     assert (config.grpo.eps_low, config.grpo.eps_high, config.grpo.kl_coef) == (0.2, 0.28, 0.001)
-    paper_eval = evaluation.MathEvalSettings()  # experiments.evaluate's defaults are the paper's
+    paper_eval = evaluation.EvalSettings()  # experiments.evaluate's defaults are the paper's
     assert (paper_eval.num_samples, paper_eval.temperature) == (8, 0.6)
     assert (paper_eval.top_p, paper_eval.top_k) == (0.8, 20)
     assert config.prompt_gdro.eta == 0.65 and config.rollout_gdro.n_max == 12

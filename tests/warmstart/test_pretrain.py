@@ -2,7 +2,6 @@
 
 import json
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -115,13 +114,14 @@ def test_saved_metrics_match_a_fresh_evaluation(run):
     assert set(metrics["frontier"]) >= {"easiest_pass@1", "hardest_pass@1", "satisfied"}
     # The stored counts are those of the saved model on the validation split with the same key.
     task = warmstart.task_config(config)
-    again = evaluation.evaluate_task(
-        models.from_pretrained(path),
-        tasks.build_splits(task).validation,
-        task,
-        key=jax.random.key(config.eval.seed),
+    settings = evaluation.EvalSettings.of(
+        "chain",
+        seed=config.eval.seed,
         num_samples=config.eval.num_samples,
         batch_size=config.eval.batch_size,
+    )
+    again = evaluation.evaluate_chain(
+        models.from_pretrained(path), tasks.build_splits(task).validation, task, settings
     )
     assert again.correct.tolist() == metrics["evaluation"]["correct"]
     # The tokenizer folders load with transformers and encode like the task.
@@ -192,7 +192,7 @@ def test_check_frontier_reads_the_easiest_and_hardest_levels():
     correct = np.where(levels == 1, 9, 0)
     correct[-1] = 1
     by_level, pooled = evaluation.summarize_counts(correct, 10, levels, num_resamples=20)
-    result = evaluation.TaskEvaluation(10, by_level, pooled, correct, levels)
+    result = evaluation.ChainEvaluation(10, by_level, pooled, correct, levels)
     frontier = warmstart.check_frontier(
         result, easiest_min_pass1=0.8, hardest_max_pass1=0.05, hardest_k=8
     )
@@ -202,7 +202,7 @@ def test_check_frontier_reads_the_easiest_and_hardest_levels():
     assert frontier["satisfied"]
     correct[-1] = 0
     by_level, pooled = evaluation.summarize_counts(correct, 10, levels, num_resamples=20)
-    result = evaluation.TaskEvaluation(10, by_level, pooled, correct, levels)
+    result = evaluation.ChainEvaluation(10, by_level, pooled, correct, levels)
     frontier = warmstart.check_frontier(
         result, easiest_min_pass1=0.8, hardest_max_pass1=0.05, hardest_k=8
     )

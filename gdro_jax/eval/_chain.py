@@ -1,0 +1,371 @@
+"""The chain-task evaluation: k samples of each problem graded by exact match, per level and
+pooled; and a policy's report on its task's held-out test split, with its frontier.
+
+`evaluate_chain` samples every problem with the KV-cache sampler (`_harness.sample_batch`: one
+compiled shape, batch b with `fold_in(key(seed), b)`), grades with the task's jittable reward
+(`tasks.solution_correct`: the whole worked solution must match) and summarises the correct
+counts with `summarize_counts`: mean@n and the unbiased pass@k for every k <= n, per level and
+pooled, with bootstrap intervals over problems (SPEC 9). The warm start, the demo and the study
+(at the end of a run and at its snapshots along the way) evaluate with it.
+
+`chain_report` is `evaluate_policy`'s chain part: the test split (or its first `limit` problems
+per level), written as `report.json`, `report.md` and `completions.jsonl`. Its frontier levels are
+those the policy does not yet solve reliably, pass@min(8, n) below 0.95: pooled figures are
+dominated by the easy levels, which hold most problems and sit at the ceiling, so the frontier row
+pools only the levels where a method can still show a difference. Nothing is written until
+sampling is done, and a folder holding a math evaluation's resume files is refused.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from tqdm import tqdm
+
+from gdro_jax import runtime, tasks
+from gdro_jax.eval._harness import (
+    CHAIN_FIELDS,
+    REPORT_JSON,
+    REPORT_MARKDOWN,
+    EvalSettings,
+    batch_rows,
+    check_int,
+    sample_batch,
+)
+from gdro_jax.eval._math_files import COMPLETIONS_FILE, SAMPLES_FILE, SETTINGS_FILE
+from gdro_jax.eval._passk import (
+    PassSummary,
+    markdown_table,
+    summarize_counts,
+    summary_cells,
+    summary_dict,
+)
+from gdro_jax.sampling import generate
+
+FRONTIER_K = 8
+FRONTIER_PASS = 0.95
+OnBatch = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class ChainEvaluation:
+    """The result of `evaluate_chain`.
+
+    Attributes:
+      num_samples: n, samples per problem; pass@k is given for k = 1..n.
+      by_level: level -> `PassSummary` (levels ascending).
+      pooled: `PassSummary` over all problems (intervals stratified by level).
+      correct: int64[N] correct samples of each problem, in the input order.
+      levels: int32[N] each problem's level.
+    """
+
+    num_samples: int
+    by_level: dict[int, PassSummary]
+    pooled: PassSummary
+    correct: np.ndarray
+    levels: np.ndarray
+
+    def pass_at(self, k: int, level: int | None = None) -> float:
+        """pass@k of one level, or pooled when `level` is None."""
+        if not 1 <= k <= self.num_samples:
+            raise ValueError(f"k must be in [1, {self.num_samples}], got k={k!r}")
+        summary = self.pooled if level is None else self.by_level[level]
+        return float(summary.pass_at[k - 1])
+
+    def frontier_levels(self, k: int | None = None, threshold: float = FRONTIER_PASS) -> list[int]:
+        """The levels whose pass@k is below `threshold` (k: default min(8, n)), ascending."""
+        k = min(FRONTIER_K, self.num_samples) if k is None else k
+        return [level for level in self.by_level if self.pass_at(k, level) < threshold]
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict: per level and pooled mean@n and pass@k with intervals, and the
+        per-problem correct counts and levels (enough to recompute any statistic)."""
+        n = self.num_samples
+        return {
+            "num_samples": n,
+            "levels": {str(level): summary_dict(s, n) for level, s in self.by_level.items()},
+            "pooled": summary_dict(self.pooled, n),
+            "correct": self.correct.tolist(),
+            "problem_levels": self.levels.tolist(),
+        }
+
+    def to_table(self, ks: Sequence[int] | None = None) -> str:
+        """A plain-text table, a row per level and a pooled row: problems, mean@n and pass@k
+        (`ks`, default 1 and n) as `estimate [95 % bootstrap interval]`; no trailing newline."""
+        n = self.num_samples
+        ks = sorted({1, n}) if ks is None else list(ks)
+        for k in ks:
+            if not 1 <= k <= n:
+                raise ValueError(f"ks must lie in [1, {n}], got {k!r}")
+        header = ["level", "problems", f"mean@{n}"] + [f"pass@{k}" for k in ks]
+        named = [(str(level), s) for level, s in self.by_level.items()] + [("pooled", self.pooled)]
+        lines = [[name, *summary_cells(s, ks)] for name, s in named]
+        widths = [max(len(r[i]) for r in [header, *lines]) for i in range(len(header))]
+        out = [
+            "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)),
+            "  ".join("-" * w for w in widths),
+        ]
+        out += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in lines]
+        return "\n".join(line.rstrip() for line in out)
+
+
+def evaluate_chain(
+    model,
+    rows_or_arrays: Sequence[dict] | tasks.ChainArrays,
+    task_config: tasks.ChainTaskConfig,
+    settings: Any = None,
+    *,
+    progress: bool = False,
+    sampler: Callable[..., Any] = generate,
+    on_batch: OnBatch | None = None,
+    num_resamples: int = 1000,
+    confidence: float = 0.95,
+) -> ChainEvaluation:
+    """Evaluates a policy on chain-task problems: mean@n and pass@k per level and pooled.
+
+    Args:
+      model: the policy (`gdro_jax.models.Decoder`).
+      rows_or_arrays: task rows (e.g. `build_splits(config).validation`) or their `ChainArrays`.
+      task_config: the task (fixes padded lengths; completions get
+        `task_config.max_solution_length` new tokens).
+      settings: `CHAIN_FIELDS` of an `EvalSettings` (None: `EvalSettings.of("chain")`) or of
+        the `eval` block of a warm-start or study config: samples per problem n (pass@k for
+        k = 1..n), temperature, top-p, top-k (SPEC 11's frontier check: T = 1, no truncation),
+        problems per sampler call and the seed of the samples.
+      progress: show a tqdm bar over batches.
+      sampler: called like `sampling.generate`, returning `.tokens` [R, M] and `.lengths` [R]
+        (tests pass fakes with known odds).
+      on_batch: called after each batch with its real problems' indices int[b], and their
+        slots' tokens int32[b * n, M], lengths int32[b * n] and correctness bool[b * n] (slot r
+        continues problem r // n), e.g. to keep the completions.
+      num_resamples, confidence: bootstrap settings (`summarize_counts`; seed 0).
+
+    Returns:
+      `ChainEvaluation`.
+
+    References:
+      Chen et al., 2021 (arXiv 2107.03374): the unbiased pass@k estimator.
+    """
+    settings = EvalSettings.of("chain") if settings is None else settings
+    if isinstance(rows_or_arrays, tasks.ChainArrays):
+        arrays = rows_or_arrays
+    else:
+        arrays = tasks.encode_rows(rows_or_arrays, task_config)
+    n = settings.num_samples
+    check_int("num_samples", n, minimum=1)
+    check_int("batch_size", settings.batch_size, minimum=1)
+    longest = int(arrays.solution_lengths.max())
+    if task_config.max_solution_length < longest:
+        raise ValueError(
+            f"max_new_tokens must be >= the longest gold solution ({longest} tokens), "
+            f"got max_new_tokens={task_config.max_solution_length!r}"
+        )
+    num_problems = len(arrays.levels)
+    batch_size = min(settings.batch_size, num_problems)
+    key = jax.random.key(settings.seed)
+    correct_N = np.zeros((num_problems,), np.int64)
+    starts = range(0, num_problems, batch_size)
+    for batch, start in enumerate(tqdm(starts, desc="eval", disable=not progress, leave=False)):
+        rows_B = batch_rows(start, batch_size, num_problems)
+        result = sample_batch(
+            model, sampler, arrays.prompt_tokens[rows_B], arrays.prompt_lengths[rows_B],
+            settings=settings, key=jax.random.fold_in(key, batch),
+            max_new_tokens=task_config.max_solution_length, eos_ids=(tasks.EOS_ID,),
+            pad_id=tasks.PAD_ID,
+        )  # fmt: skip
+        gold_RS = np.repeat(arrays.solution_tokens[rows_B], n, axis=0)
+        correct_R = np.asarray(
+            tasks.solution_correct(
+                result.tokens, gold_RS, completion_lengths=result.lengths, eos_id=tasks.EOS_ID
+            )
+        )
+        real = min(batch_size, num_problems - start)
+        correct_N[start : start + real] = correct_R.reshape(batch_size, n).sum(axis=1)[:real]
+        if on_batch is not None:
+            slots = real * n
+            tokens_RM, lengths_R = np.asarray(result.tokens), np.asarray(result.lengths)
+            on_batch(rows_B[:real], tokens_RM[:slots], lengths_R[:slots], correct_R[:slots])
+    by_level, pooled = summarize_counts(
+        correct_N, n, arrays.levels, num_resamples=num_resamples, confidence=confidence
+    )
+    levels = np.asarray(arrays.levels, np.int32)
+    return ChainEvaluation(n, by_level, pooled, correct_N, levels)
+
+
+@dataclasses.dataclass(frozen=True)
+class ChainReport:
+    """A chain-task policy's evaluation on its test split (`to_dict` is what `report.json`
+    holds).
+
+    Attributes:
+      settings: the policy's name, its checkpoint step (None for an HF folder), the split, the
+        sampling settings and the task config.
+      evaluation: the per-level and pooled `ChainEvaluation`.
+      frontier_k: the k of the frontier test.
+      frontier_levels: levels with pass@frontier_k < 0.95.
+      frontier: `PassSummary` pooled over the frontier levels' problems (intervals stratified by
+        level); None when there is no frontier level.
+      problem_ids: each problem's id, in the order of `evaluation.correct`.
+      timing: `total_s`, seconds of the sampling and grading.
+    """
+
+    settings: dict[str, Any]
+    evaluation: ChainEvaluation
+    frontier_k: int
+    frontier_levels: list[int]
+    frontier: PassSummary | None
+    problem_ids: list[str]
+    timing: dict[str, float]
+
+    def pass_at(self, k: int, level: int | None = None) -> float:
+        """pass@k of one level, or pooled when `level` is None."""
+        return self.evaluation.pass_at(k, level)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of everything (the content of `report.json`)."""
+        n, evaluation = self.evaluation.num_samples, self.evaluation
+        return {
+            "task": "chain",
+            "settings": self.settings,
+            "num_samples": n,
+            "levels": {str(lv): summary_dict(s, n) for lv, s in evaluation.by_level.items()},
+            "pooled": summary_dict(evaluation.pooled, n),
+            "frontier": {
+                "k": self.frontier_k,
+                "threshold": FRONTIER_PASS,
+                "levels": list(self.frontier_levels),
+                "summary": summary_dict(self.frontier, n),
+            },
+            "problems": [
+                {"id": i, "level": int(level), "n": n, "c": int(c)}
+                for i, level, c in zip(
+                    self.problem_ids, evaluation.levels, evaluation.correct, strict=True
+                )
+            ],
+            "timing": self.timing,
+        }
+
+    def to_markdown(self) -> str:
+        """A Markdown table: one row per level, pooled and frontier, with mean@n and pass@k for
+        k = 1, the frontier's k and n (`report.json` has every k); 95 % intervals."""
+        n, s = self.evaluation.num_samples, self.settings
+        ks = sorted({1, self.frontier_k, n})
+        header = ["level", "problems", f"mean@{n}"] + [f"pass@{k}" for k in ks]
+        named = [(str(level), summary) for level, summary in self.evaluation.by_level.items()]
+        named += [("pooled", self.evaluation.pooled), ("frontier", self.frontier)]
+        step = "" if s.get("step") is None else f" (checkpoint step {s['step']})"
+        levels = ", ".join(map(str, self.frontier_levels)) or "none"
+        lines = [
+            f"# Chain-task evaluation: {s.get('policy') or '(unnamed policy)'}{step}",
+            "",
+            f"The {s['split']} split, {len(self.problem_ids)} problems; {n} samples per problem at "
+            f"T={s['temperature']}, top-p {s['top_p']}, top-k {s['top_k']}; seed {s['seed']}. "
+            "Cells: estimate [95 % bootstrap interval over problems]; pass@k is the unbiased "
+            "estimator, graded by exact match of the whole worked solution.",
+            "",
+            *markdown_table(header, [[name, *summary_cells(sm, ks)] for name, sm in named]),
+            "",
+            f"Frontier levels (pass@{self.frontier_k} < {FRONTIER_PASS}): {levels}. "
+            f"Sampling and grading took {self.timing['total_s']:.1f} s.",
+        ]
+        return "\n".join(lines) + "\n"
+
+
+def check_chain_out_dir(out_dir) -> Path:
+    """Refuses an output folder that holds a math evaluation's resume files."""
+    out = Path(out_dir)
+    for name in (SETTINGS_FILE, SAMPLES_FILE):
+        if (out / name).exists():
+            raise ValueError(
+                f"out_dir={str(out_dir)!r} holds a math evaluation ({name}); a chain-task "
+                "evaluation goes to another folder"
+            )
+    return out
+
+
+def chain_report(
+    model,
+    task_config: tasks.ChainTaskConfig,
+    out_dir,
+    settings: EvalSettings,
+    *,
+    policy_name: str,
+    step: int | None,
+    limit: int | None,
+    save_completions: bool,
+    progress: bool,
+    sampler: Callable[..., Any] = generate,
+) -> ChainReport:
+    """Evaluates a chain-task policy on its task's test split and writes the reports (module
+    docstring); `evaluate_policy` documents the arguments. Several processes (`jax.distributed`
+    initialised) each evaluate the whole split (the same report: the split is small and the keys
+    fixed); process 0 alone writes."""
+    out = check_chain_out_dir(out_dir)
+    rows, seen = [], collections.Counter()
+    for row in tasks.build_splits(task_config).test:
+        seen[row["level"]] += 1
+        if limit is None or seen[row["level"]] <= limit:
+            rows.append(row)
+    n = settings.num_samples
+    completions: dict[int, list[dict[str, Any]]] = {}
+
+    def keep_completions(problems_b, tokens_RM, lengths_R, correct_R):
+        for position, problem in enumerate(problems_b):
+            completions[int(problem)] = [
+                {
+                    "text": tasks.decode(tokens_RM[r, : lengths_R[r]], skip_special_tokens=False),
+                    "correct": bool(correct_R[r]),
+                }
+                for r in range(position * n, (position + 1) * n)
+            ]
+
+    tick = time.perf_counter()
+    evaluation = evaluate_chain(
+        model, rows, task_config, settings, progress=progress and runtime.is_primary(),
+        sampler=sampler, on_batch=keep_completions if save_completions else None,
+    )  # fmt: skip
+    k = min(FRONTIER_K, n)
+    levels = evaluation.frontier_levels(k)
+    frontier = None
+    if levels:
+        on_frontier = np.isin(evaluation.levels, levels)
+        _, frontier = summarize_counts(
+            evaluation.correct[on_frontier], n, evaluation.levels[on_frontier]
+        )
+    report = ChainReport(
+        settings={
+            "policy": policy_name,
+            "step": step,
+            "split": "test",
+            "limit_per_level": limit,
+            **{name: getattr(settings, name) for name in CHAIN_FIELDS},
+            "task": dataclasses.asdict(task_config),
+        },
+        evaluation=evaluation,
+        frontier_k=k,
+        frontier_levels=levels,
+        frontier=frontier,
+        problem_ids=[str(row["id"]) for row in rows],
+        timing={"total_s": time.perf_counter() - tick},
+    )
+    if not runtime.is_primary():  # several processes: each evaluated the split, 0 writes
+        return report
+    out.mkdir(parents=True, exist_ok=True)
+    (out / REPORT_JSON).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+    (out / REPORT_MARKDOWN).write_text(report.to_markdown())
+    (out / COMPLETIONS_FILE).unlink(missing_ok=True)  # never a file of an earlier run
+    if save_completions:
+        with open(out / COMPLETIONS_FILE, "w") as file:
+            for index, row in enumerate(rows):
+                entry = {key: row[key] for key in ("id", "level", "prompt", "solution")}
+                entry["completions"] = completions[index]
+                file.write(json.dumps(entry) + "\n")
+    return report
