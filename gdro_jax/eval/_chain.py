@@ -1,19 +1,16 @@
 """The chain-task evaluation: k samples of each problem graded by exact match, per level and
 pooled; and a policy's report on its task's held-out test split, with its frontier.
 
-`evaluate_chain` samples every problem with the KV-cache sampler (`_harness.sample_batch`: one
-compiled shape, batch b with `fold_in(key(seed), b)`), grades with the task's jittable reward
-(`tasks.solution_correct`: the whole worked solution must match) and summarises the correct
-counts with `summarize_counts`: mean@n and the unbiased pass@k for every k <= n, per level and
-pooled, with bootstrap intervals over problems (SPEC 9). The warm start, the demo and the study
-(at the end of a run and at its snapshots along the way) evaluate with it.
+`evaluate_chain` samples (`_harness.sample_batch`, batch b with `fold_in(key(seed), b)`), grades
+with the task's jittable reward (`tasks.solution_correct`: the whole worked solution must match)
+and summarises the counts with `summarize_counts` (SPEC 9). The warm start, the demo and the
+study (at a run's end and at its snapshots along the way) evaluate with it.
 
-`chain_report` is `evaluate_policy`'s chain part: the test split (or its first `limit` problems
-per level), written as `report.json`, `report.md` and `completions.jsonl`. Its frontier levels are
-those the policy does not yet solve reliably, pass@min(8, n) below 0.95: pooled figures are
-dominated by the easy levels, which hold most problems and sit at the ceiling, so the frontier row
-pools only the levels where a method can still show a difference. Nothing is written until
-sampling is done, and a folder holding a math evaluation's resume files is refused.
+`chain_report`, `evaluate_policy`'s chain part, writes `report.json`, `report.md` and
+`completions.jsonl` for the test split. Its frontier levels are those the policy does not yet
+solve reliably (pass@min(8, n) below 0.95): pooled figures are dominated by the easy levels, which
+hold most problems and sit at the ceiling, so the frontier row pools the levels where a method can
+still show a difference.
 """
 
 from __future__ import annotations
@@ -134,15 +131,12 @@ def evaluate_chain(
     Args:
       model: the policy (`gdro_jax.models.Decoder`).
       rows_or_arrays: task rows (e.g. `build_splits(config).validation`) or their `ChainArrays`.
-      task_config: the task (fixes padded lengths; completions get
-        `task_config.max_solution_length` new tokens).
-      settings: `CHAIN_FIELDS` of an `EvalSettings` (None: `EvalSettings.of("chain")`) or of
-        the `eval` block of a warm-start or study config: samples per problem n (pass@k for
-        k = 1..n), temperature, top-p, top-k (SPEC 11's frontier check: T = 1, no truncation),
-        problems per sampler call and the seed of the samples.
+      task_config: the task (fixes padded lengths; completions get its longest solution's
+        length).
+      settings: an `EvalSettings` (None: `EvalSettings.of("chain")`) or the `eval` block of a
+        warm-start or study config; `CHAIN_FIELDS` are read (pass@k for k = 1..num_samples).
       progress: show a tqdm bar over batches.
-      sampler: called like `sampling.generate`, returning `.tokens` [R, M] and `.lengths` [R]
-        (tests pass fakes with known odds).
+      sampler: called like `sampling.generate` (tests pass fakes with known odds).
       on_batch: called after each batch with its real problems' indices int[b], and their
         slots' tokens int32[b * n, M], lengths int32[b * n] and correctness bool[b * n] (slot r
         continues problem r // n), e.g. to keep the completions.
@@ -202,17 +196,15 @@ def evaluate_chain(
 
 @dataclasses.dataclass(frozen=True)
 class ChainReport:
-    """A chain-task policy's evaluation on its test split (`to_dict` is what `report.json`
-    holds).
+    """A chain-task policy's evaluation on its test split (`to_dict`: `report.json`).
 
     Attributes:
       settings: the policy's name, its checkpoint step (None for an HF folder), the split, the
         sampling settings and the task config.
       evaluation: the per-level and pooled `ChainEvaluation`.
-      frontier_k: the k of the frontier test.
-      frontier_levels: levels with pass@frontier_k < 0.95.
-      frontier: `PassSummary` pooled over the frontier levels' problems (intervals stratified by
-        level); None when there is no frontier level.
+      frontier_k, frontier_levels: the levels with pass@frontier_k < 0.95.
+      frontier: `PassSummary` pooled over the frontier levels' problems (stratified by level);
+        None when there is no frontier level.
       problem_ids: each problem's id, in the order of `evaluation.correct`.
       timing: `total_s`, seconds of the sampling and grading.
     """
@@ -279,18 +271,6 @@ class ChainReport:
         return "\n".join(lines) + "\n"
 
 
-def check_chain_out_dir(out_dir) -> Path:
-    """Refuses an output folder that holds a math evaluation's resume files."""
-    out = Path(out_dir)
-    for name in (SETTINGS_FILE, SAMPLES_FILE):
-        if (out / name).exists():
-            raise ValueError(
-                f"out_dir={str(out_dir)!r} holds a math evaluation ({name}); a chain-task "
-                "evaluation goes to another folder"
-            )
-    return out
-
-
 def chain_report(
     model,
     task_config: tasks.ChainTaskConfig,
@@ -305,10 +285,17 @@ def chain_report(
     sampler: Callable[..., Any] = generate,
 ) -> ChainReport:
     """Evaluates a chain-task policy on its task's test split and writes the reports (module
-    docstring); `evaluate_policy` documents the arguments. Several processes (`jax.distributed`
-    initialised) each evaluate the whole split (the same report: the split is small and the keys
-    fixed); process 0 alone writes."""
-    out = check_chain_out_dir(out_dir)
+    docstring); `evaluate_policy` documents the arguments. Nothing is written until sampling is
+    done, and a folder holding a math evaluation's resume files is refused first. Several
+    processes (`jax.distributed` initialised) each evaluate the whole split (the same report:
+    the split is small and the keys fixed); process 0 alone writes."""
+    out = Path(out_dir)
+    for name in (SETTINGS_FILE, SAMPLES_FILE):
+        if (out / name).exists():
+            raise ValueError(
+                f"out_dir={str(out_dir)!r} holds a math evaluation ({name}); a chain-task "
+                "evaluation goes to another folder"
+            )
     rows, seen = [], collections.Counter()
     for row in tasks.build_splits(task_config).test:
         seen[row["level"]] += 1

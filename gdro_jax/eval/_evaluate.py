@@ -58,13 +58,11 @@ def evaluate_policy(
       dtype: parameter dtype of an HF folder's weights (`resolve_dtype`: "auto" is float32 on
         CPU, bfloat16 on accelerators); a checkpoint keeps the run's dtype.
       save_completions: write `completions.jsonl` (each completion's text and verdict).
-      data_dir: the benchmark files' folder (default: `$GDRO_DATA_DIR`, else `../shared/data`).
-      num_workers, grader_timeout_s: the math-verify grader's workers and per-answer limit.
-      bins_from: a JSON file mapping problem id -> bin (`load_bins`; else each row's
-        `bin_field`); math policies only.
-      bin_field: the row field holding a math problem's difficulty bin.
-      chat_template: wrap math prompts in the tokenizer's chat template when it has one.
-      on_long_prompt: "skip" (counted) or "raise" for math prompts over `max_prompt_tokens`.
+      data_dir, num_workers, grader_timeout_s, bins_from, bin_field, chat_template,
+        on_long_prompt: math only: the benchmark files' folder (default: `$GDRO_DATA_DIR`, else
+        `../shared/data`), the grader's workers and per-answer limit, a JSON file of problem
+        id -> bin (`load_bins`; else each row's `bin_field`), the chat template when the
+        tokenizer has one, and "skip" (counted) or "raise" for prompts over the limit.
       progress: show progress bars.
       sampler: called like `sampling.generate` (tests pass fakes).
 

@@ -1,30 +1,21 @@
 """Evaluation on math benchmarks: k samples per problem, math-verify grading, pass@k tables.
 
-`evaluate_math` samples `num_samples` completions of every problem of every benchmark
-(`_harness.sample_batch`), decodes them, grades them with a `rewards.MathGrader` (last
-`\\boxed{}`, math-verify, worker processes with a per-item timeout), and reports mean@k and the
-unbiased pass@j for every j <= k per benchmark, pooled, and per difficulty bin, with bootstrap
-intervals over problems (`_math_report.py`). docs/evaluation.md says it for a user.
+`evaluate_math` samples every problem of every benchmark (`_harness.sample_batch`), decodes the
+completions, grades them with a `rewards.MathGrader` (last `\\boxed{}`, math-verify in worker
+processes with a per-item timeout) and reports mean@k and the unbiased pass@j per benchmark,
+pooled and per difficulty bin, with bootstrap intervals (`_math_report.py`); docs/evaluation.md
+says it for a user. Prompts are tokenized up front and padded to one length (the longest kept
+prompt, rounded up to `prompt_bucket`), so the sampler compiles once; a prompt over
+`max_prompt_tokens` is never truncated (that changes the question): skipped and counted, or it
+raises. Nothing is written before the whole request is checked.
 
-- Shapes: prompts are tokenized up front and padded to one length P (the longest kept prompt of
-  the request, rounded up to `prompt_bucket`), so the sampler compiles once.
-- Long prompts (over `max_prompt_tokens`) are never truncated (cutting a problem changes the
-  question): skipped and counted (`on_long_prompt="skip"`), or they raise.
-- Resuming: `settings.json` and `samples.jsonl` (`_math_files.py`). A rerun into the folder skips
-  finished problems; its settings and prompts must equal the stored ones. Batch b of a benchmark
-  always holds the same problems and samples with `fold_in(fold_in(key(seed),
-  crc32(benchmark)), b)`, so a resumed run gives an uninterrupted one's samples (P depends on the
-  request and changes results only by floating-point rounding). Bins are not stored: rerunning
-  with other bins rewrites the report without sampling.
-- Several processes (`jax.distributed` initialised): each holds the policy; the batches left are
-  dealt out round by round (process p samples and grades the round's p-th), and process 0 alone
-  reads and writes the folder, each round's batches in order: the files a single process writes
-  (up to the matmuls' rounding on other devices).
-- Nothing is written before the request is checked (prompts tokenized, a tokenizer that cannot
-  encode them refused naming the problem, bins read, stored settings and prompts compared).
-- Bins: an integer from a user mapping (problem id -> bin, optionally per benchmark,
-  `load_bins`), else the row field `bin_field` (MATH500's `level`); problems without one go to
-  an `"unbinned"` row and count in every per-benchmark and pooled figure.
+Resuming (`_math_files.py`): batch b of a benchmark always holds the same problems and samples
+with `fold_in(fold_in(key(seed), crc32(benchmark)), b)`, so a run resumed from `samples.jsonl`
+gives an uninterrupted one's samples (the padded length depends on the request and changes
+results only by floating-point rounding). Bins are not stored: other bins only rewrite the report.
+Several processes (`jax.distributed` initialised) each hold the policy and sample and grade the
+batches dealt to them round by round; process 0 alone reads and writes the folder, each round's
+batches in order, so the files are a single process's (up to the devices' rounding).
 
 References:
   Panaganti et al., 2026 (arXiv 2601.19280): evaluation with 8 samples, T = 0.6, top-p 0.8,
@@ -64,6 +55,8 @@ from gdro_jax.eval._harness import (
 from gdro_jax.eval._math_files import COMPLETIONS_FILE, SAMPLES_FILE, SETTINGS_FILE
 from gdro_jax.eval._math_report import MathEvaluation, summarize_problems
 from gdro_jax.sampling import FinishReason, generate
+
+TIMED = ("sampling_s", "first_call_s", "decoding_s", "grading_s")  # seconds, in report order
 
 
 def load_bins(path: str | os.PathLike) -> dict[str, Any]:
@@ -292,7 +285,7 @@ def evaluate_math(
     timing = collections.Counter()
     restarts_before = grader.stats.restarts
 
-    def decode(tokens_RM, lengths_R, slots):
+    def decode(tokens_RM, lengths_R, slots) -> list[str]:
         return tokenizer.batch_decode(
             [tokens_RM[r, : lengths_R[r]].tolist() for r in slots], skip_special_tokens=True
         )
@@ -435,10 +428,7 @@ def evaluate_math(
         num_resamples=num_resamples,
         confidence=confidence,
         timing={
-            "sampling_s": float(timing["sampling_s"]),
-            "first_call_s": float(timing["first_call_s"]),
-            "decoding_s": float(timing["decoding_s"]),
-            "grading_s": float(timing["grading_s"]),
+            **{name: float(timing[name]) for name in TIMED},
             "total_s": time.perf_counter() - start_time,
             "batches": int(timing["batches"]),
             "problems": int(timing["problems"]),

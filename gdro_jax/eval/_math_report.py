@@ -1,9 +1,8 @@
 """The math evaluation's report: `MathEvaluation` (summaries, `report.json`, `report.md`).
 
 `summarize_problems` turns per-problem counts `(n, c)` with their benchmark and difficulty bin
-into unbiased pass@j / mean@k summaries with bootstrap intervals, per benchmark, per bin, and
-pooled over all problems (intervals stratified by benchmark). `evaluate_math` (in
-`_math_eval.py`) samples and grades; this module only counts and formats.
+into mean@k and pass@j summaries with bootstrap intervals, per benchmark, per bin, and pooled
+(stratified by benchmark); `evaluate_math` (`_math.py`) samples and grades.
 """
 
 from __future__ import annotations
@@ -175,17 +174,10 @@ class MathEvaluation:
         return "\n".join(out) + "\n"
 
 
-def _summaries(correct, k, labels, order, *, num_resamples, confidence, seed):
+def _summaries(correct, k, labels, order, **stats):
     """summarize_counts over string labels (ordered by `order`)."""
     codes = np.asarray([order.index(label) for label in labels], np.int64)
-    by_code, pooled = summarize_counts(
-        np.asarray(correct, np.int64),
-        k,
-        codes,
-        num_resamples=num_resamples,
-        confidence=confidence,
-        seed=seed,
-    )
+    by_code, pooled = summarize_counts(np.asarray(correct, np.int64), k, codes, **stats)
     return {order[code]: summary for code, summary in by_code.items()}, pooled
 
 
