@@ -130,16 +130,9 @@ def _correct_counts(benchmarks):
 def test_scores_match_known_completions(tokenizer, benchmarks, grader, tmp_path):
     correct = _correct_counts(benchmarks)
     sampler = KnownSampler(tokenizer, benchmarks, correct, no_answer={"beta-1"})
+    common = dict(grader=grader, settings=FAKE_SETTINGS, policy_name="fake", progress=False)
     result = evaluation.evaluate_math(
-        None,
-        tokenizer,
-        benchmarks,
-        grader=grader,
-        out_dir=tmp_path,
-        settings=FAKE_SETTINGS,
-        policy_name="fake",
-        sampler=sampler,
-        progress=False,
+        None, tokenizer, benchmarks, out_dir=tmp_path, sampler=sampler, **common
     )
     assert sampler.calls == 3  # alpha: 2 batches of 4 (the second padded), beta: 1
     tol = 1e-12
@@ -205,16 +198,7 @@ def test_scores_match_known_completions(tokenizer, benchmarks, grader, tmp_path)
     # Rerunning with other bins only rewrites the report: nothing is sampled again.
     bins = {"alpha": {"alpha-0": 7, "alpha-1": "7"}, "beta-2": 9, "alpha-2": 9}
     rebinned = evaluation.evaluate_math(
-        None,
-        tokenizer,
-        benchmarks,
-        grader=grader,
-        out_dir=tmp_path,
-        settings=FAKE_SETTINGS,
-        policy_name="fake",
-        bins=bins,
-        sampler=sampler,
-        progress=False,
+        None, tokenizer, benchmarks, out_dir=tmp_path, sampler=sampler, bins=bins, **common
     )
     assert sampler.calls == 3
     assert list(rebinned.by_bin) == ["7", "9", "unbinned"]
@@ -335,15 +319,9 @@ def test_long_prompts_are_skipped_and_counted_or_raise(tokenizer, benchmarks, gr
     )
     correct = _correct_counts(benchmarks)
     sampler = KnownSampler(tokenizer, benchmarks, correct)
+    common = dict(grader=grader, settings=settings, sampler=sampler, progress=False)
     result = evaluation.evaluate_math(
-        None,
-        tokenizer,
-        benchmarks,
-        grader=grader,
-        out_dir=tmp_path / "skip",
-        settings=settings,
-        sampler=sampler,
-        progress=False,
+        None, tokenizer, benchmarks, out_dir=tmp_path / "skip", **common
     )
     assert {i for ids in result.skipped.values() for i in ids} == too_long
     assert {p["id"] for p in result.problems} == set(lengths) - too_long
@@ -357,12 +335,9 @@ def test_long_prompts_are_skipped_and_counted_or_raise(tokenizer, benchmarks, gr
             None,
             tokenizer,
             benchmarks,
-            grader=grader,
             out_dir=tmp_path / "raise",
-            settings=settings,
             on_long_prompt="raise",
-            sampler=sampler,
-            progress=False,
+            **common,
         )
     assert not (tmp_path / "raise").exists()  # refused before anything is written
 
