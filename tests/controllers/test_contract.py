@@ -1,10 +1,14 @@
-"""The contract every controller keeps: jit equals eager, vmap, scan, fixed structure, mesh.
+"""The contract every controller keeps: jit equals eager, vmap, scan, fixed structure, mesh; and
+every rollout allocation's exact total.
 
 Each controller is driven by a `step(state, key) -> (state, outputs)` function that draws a random
-batch from `key` and applies the controller's queries and update, as a training loop would.
+batch from `key` and applies the controller's queries and update, as a training loop would. The
+parts are taken from `controllers.PARTS` and driven through their decision's protocol only, so a
+part registered there is covered without a line here.
 """
 
 import functools
+import inspect
 
 import chex
 import jax
@@ -48,36 +52,30 @@ def _prompt_step(adversary, state, key):
     return adversary.update(state, bins, losses=losses), (weights, q)
 
 
-def _rollout_step(adversary, state, key):
+def _allocation_step(allocator, state, key):
+    """A `RolloutAllocator` through its protocol: allocate, then observe the counts."""
     k_batch, k_alloc = jax.random.split(key)
     ids, _, num_correct, losses = _batch(k_batch)
     bins = ids % NUM_BINS
     p_hat = (ids % 7) / 7.0
-    n, info = adversary.allocate(state, bins, p_hat, k_alloc)
-    new_state = adversary.update(
+    n, info = allocator.allocate(state, bins, p_hat, k_alloc, prompt_ids=ids)
+    new_state = allocator.update(
         state,
         bins,
         p_hat=p_hat,
         losses=losses,
         num_correct=jnp.minimum(num_correct, n),
         num_rollouts=n,
-    )
-    return new_state, (n, info.mu)
-
-
-def _knapsack_step(allocator, state, key):
-    ids, _, num_correct, _ = _batch(key)
-    n, info = allocator.allocate(state, prompt_ids=ids)
-    new_state = allocator.update(
-        state, prompt_ids=ids, num_correct=jnp.minimum(num_correct, n), num_rollouts=n
+        prompt_ids=ids,
     )
     return new_state, (n, info.mu, info.success_rate)
 
 
-def _mopps_step(sampler, state, key):
+def _sampler_step(sampler, state, key):
+    """A `PromptSampler` through its protocol: draw a batch, then observe its groups."""
     k_batch, k_draw = jax.random.split(key)
     _, num_rollouts, num_correct, _ = _batch(k_batch)
-    # A batch of 4 from 8 candidates: Beta draws run op by op eagerly, slowly.
+    # A batch of 4: Beta draws run op by op eagerly, slowly.
     draw = sampler.draw(state, 4, k_draw)
     new_state = sampler.update(
         state,
@@ -88,7 +86,8 @@ def _mopps_step(sampler, state, key):
     return new_state, (draw.prompt_ids, draw.sampled_rate)
 
 
-def _dynamic_sampling_step(filter_, state, key):
+def _filter_step(filter_, state, key):
+    """A `GroupFilter` through its protocol: keep, add, take when ready."""
     rewards = jnp.where(jax.random.uniform(key, (BATCH, 4)) < 0.2, 1.0, -1.0)
     groups = {"rewards": rewards, "ids": jnp.arange(BATCH)}
     state, info = filter_.add(state, groups, keep=filter_.keep(rewards))
@@ -106,35 +105,63 @@ def _multi_step(multi, state, key):
     return new_state, (plan.bins, plan.num_rollouts, plan.prompt_of_slot, plan.advantage_weights)
 
 
+# decision -> the driver that runs any part of it through the decision's protocol alone.
+DRIVERS = {
+    "prompt_sampler": _sampler_step,
+    "rollout_allocation": _allocation_step,
+    "prompt_adversary": _prompt_step,
+    "group_filter": _filter_step,
+}
+# The run-level arguments a part's factory may take (`configs.build_controllers` passes them).
+RUN_LEVEL = {"num_prompts": NUM_PROMPTS, "num_bins": NUM_BINS, "n_mean": 4, "num_groups": BATCH}
+# (decision, part) -> hyperparameter variants beyond the defaults, each driven too.
+VARIANTS = {
+    ("prompt_adversary", "prompt_gdro"): {
+        "hedge": {"ema": None, "clip": None, "share_normalize": False}
+    },
+    ("rollout_allocation", "rollout_gdro"): {"arms": {"mode": "arms"}},
+    ("rollout_allocation", "knapsack"): {"short_history": {"n_max": 8, "min_history": 2}},
+    ("prompt_sampler", "mopps"): {"two_candidates": {"candidates": 2}},
+    ("group_filter", "dynamic_sampling"): {"four_rounds": {"max_rounds": 4}},
+}
+
+
+def build_part(decision: str, name: str, **kwargs):
+    """A registered part with the run-level arguments its factory accepts."""
+    factory = controllers.PARTS[decision][name]
+    accepted = inspect.signature(factory).parameters
+    return factory(**{k: v for k, v in RUN_LEVEL.items() if k in accepted}, **kwargs)
+
+
+def part_cases():
+    """Every registered part (defaults, then each variant), as `decision/part[/variant]`."""
+    cases = []
+    for decision in controllers.DECISIONS:
+        for name in controllers.PARTS[decision]:
+            cases.append((f"{decision}/{name}", decision, name, {}))
+            for variant, kwargs in VARIANTS.get((decision, name), {}).items():
+                cases.append((f"{decision}/{name}/{variant}", decision, name, kwargs))
+    return cases
+
+
+def _init(part, decision):
+    if decision == "group_filter":
+        example = {"rewards": jnp.zeros((BATCH, 4)), "ids": jnp.zeros((BATCH,), jnp.int32)}
+        return functools.partial(part.init, example)
+    return part.init
+
+
 def _make(name):
+    for case, decision, part_name, kwargs in part_cases():
+        if case == name:
+            part = build_part(decision, part_name, **kwargs)
+            return _init(part, decision), functools.partial(DRIVERS[decision], part)
     if name == "passk_window":
         c = controllers.passk_classifier(NUM_PROMPTS, window=4, hysteresis=0.02)
         return c.init, functools.partial(_classifier_step, c)
     if name == "passk_cumulative":
         c = controllers.passk_classifier(NUM_PROMPTS, window=0, statistic="mean_accuracy")
         return c.init, functools.partial(_classifier_step, c)
-    if name == "prompt_gdro":
-        a = controllers.prompt_gdro(NUM_BINS)
-        return a.init, functools.partial(_prompt_step, a)
-    if name == "prompt_gdro_hedge":
-        a = controllers.prompt_gdro(NUM_BINS, ema=None, clip=None, share_normalize=False)
-        return a.init, functools.partial(_prompt_step, a)
-    if name == "rollout_sqrt":
-        a = controllers.rollout_gdro(NUM_BINS)
-        return a.init, functools.partial(_rollout_step, a)
-    if name == "rollout_arms":
-        a = controllers.rollout_gdro(NUM_BINS, mode="arms")
-        return a.init, functools.partial(_rollout_step, a)
-    if name == "knapsack":
-        a = controllers.knapsack(NUM_PROMPTS, n_mean=4, n_min=2, n_max=8, min_history=2)
-        return a.init, functools.partial(_knapsack_step, a)
-    if name == "mopps":
-        a = controllers.mopps(NUM_PROMPTS, candidates=2)
-        return a.init, functools.partial(_mopps_step, a)
-    if name == "dynamic_sampling":
-        a = controllers.dynamic_sampling(BATCH, max_rounds=4)
-        example = {"rewards": jnp.zeros((BATCH, 4)), "ids": jnp.zeros((BATCH,), jnp.int32)}
-        return functools.partial(a.init, example), functools.partial(_dynamic_sampling_step, a)
     if name == "multi_adversary":
         m = controllers.multi_adversary(
             controllers.passk_classifier(NUM_PROMPTS),
@@ -148,15 +175,20 @@ def _make(name):
 NAMES = [
     "passk_window",
     "passk_cumulative",
-    "prompt_gdro",
-    "prompt_gdro_hedge",
-    "rollout_sqrt",
-    "rollout_arms",
-    "knapsack",
-    "mopps",
-    "dynamic_sampling",
+    *(case for case, *_ in part_cases()),
     "multi_adversary",
 ]
+
+
+def test_every_decision_has_a_driver_and_every_part_its_protocol():
+    """A registered part is driven by its decision's driver through its protocol: a new part
+    needs no line here, a new decision fails until it has a driver, and a part that does not
+    answer its decision's protocol (or cannot be built from the run-level arguments and its
+    defaults) fails."""
+    assert set(DRIVERS) == set(controllers.DECISIONS) == set(controllers.PROTOCOLS)
+    for _, decision, name, kwargs in part_cases():
+        part = build_part(decision, name, **kwargs)
+        assert isinstance(part, controllers.PROTOCOLS[decision]), (decision, name)
 
 
 @pytest.fixture(scope="module", params=NAMES)
@@ -240,3 +272,76 @@ def test_states_stay_replicated_on_an_eight_device_mesh(driver):
         assert leaf.sharding.is_fully_replicated, name
         assert len(leaf.sharding.device_set) == 8, name
     _assert_trees_close(state, reference)
+
+
+ALLOCATION_BATCH = 4  # prompts per step
+ALLOCATION_POOL = 8
+
+
+def _allocation_observations(key, num_rollouts):
+    """Visits where most prompts are solved (or failed) by every rollout and a few are mixed:
+    budgets larger than the mixed prompts can absorb below n_max."""
+    k_ids, k_kind, k_mixed = jax.random.split(key, 3)
+    ids = jax.random.randint(k_ids, (ALLOCATION_BATCH,), 0, ALLOCATION_POOL)
+    kind = jax.random.choice(k_kind, 3, (ALLOCATION_BATCH,), p=jnp.array([0.6, 0.2, 0.2]))
+    mixed = jnp.clip(
+        jnp.floor(jax.random.uniform(k_mixed, (ALLOCATION_BATCH,)) * num_rollouts), 1, None
+    )
+    solved = jnp.where(kind == 0, num_rollouts, jnp.where(kind == 1, 0, mixed))
+    correct = jnp.where(ids < ALLOCATION_POOL // 2, solved, mixed)  # half the pool stays mixed
+    return ids, jnp.minimum(correct, num_rollouts).astype(jnp.int32)
+
+
+@pytest.mark.parametrize(
+    "part",
+    [name for name in controllers.PARTS["rollout_allocation"]],
+)
+def test_every_allocation_spends_exactly_n_mean_per_prompt_whatever_its_state(part):
+    """R = N * n_mean slots every step, n_min <= n_i, over random states: long runs of visits
+    where most prompts are solved, so the mixed ones cannot absorb the budget below n_max."""
+    n_mean, n_min, n_max = 4, 2, 6
+    factory = controllers.PARTS["rollout_allocation"][part]
+    accepted = inspect.signature(factory).parameters
+    given = {"num_prompts": ALLOCATION_POOL, "num_bins": NUM_BINS, "n_mean": n_mean}
+    extra = {"min_history": 1, "window": 2} if "min_history" in accepted else {}
+    allocator = factory(
+        **{k: v for k, v in given.items() if k in accepted}, n_min=n_min, n_max=n_max, **extra
+    )
+
+    @jax.jit
+    def step(state, key):
+        k_obs, k_alloc = jax.random.split(key)
+        ids, _ = _allocation_observations(k_obs, n_mean)
+        bins = ids % NUM_BINS
+        n, _ = allocator.allocate(state, bins, None, k_alloc, prompt_ids=ids)
+        _, correct = _allocation_observations(k_obs, n)
+        state = allocator.update(
+            state, bins, num_correct=correct, num_rollouts=n, prompt_ids=ids,
+            losses=1.0 - correct / n,
+        )  # fmt: skip
+        return state, n
+
+    for seed in range(4):
+        _, counts = jax.lax.scan(step, allocator.init(), jax.random.split(jax.random.key(seed), 60))
+        counts = np.asarray(counts)
+        assert (counts.sum(axis=1) == ALLOCATION_BATCH * n_mean).all(), counts.sum(axis=1)
+        assert (counts >= n_min).all() or part == "knapsack", counts.min()
+        assert (counts >= 0).all()
+
+
+def test_knapsack_spreads_a_budget_past_n_max_rather_than_lose_it():
+    """One mixed prompt beside three solved ones, n_mean=4, n_min=2, n_max=6: the solved ones
+    get their floor, the mixed one n_max, and what is left still reaches the 16 slots."""
+    allocator = controllers.knapsack(
+        4, n_mean=4, n_min=2, n_max=6, min_history=1, window=1, fallback=False
+    )
+    ids = jnp.arange(4, dtype=jnp.int32)
+    state = allocator.update(
+        allocator.init(),
+        prompt_ids=ids,
+        num_correct=jnp.array([2, 4, 4, 4]),
+        num_rollouts=jnp.array([4, 4, 4, 4]),
+    )
+    counts, info = allocator.allocate(state, prompt_ids=ids)
+    assert np.asarray(info.effective).tolist() == [True, False, False, False]
+    assert int(jnp.sum(counts)) == 16, counts
