@@ -3,8 +3,9 @@
 The learner is a chain of shared skills (a level-l prompt succeeds when each of its l steps does,
 step j with probability sigmoid(theta_j + c_x)), trained by GRPO on a heavy-tailed finite prompt
 pool with Bernoulli rollouts and its exact group-advantage policy gradient. Every method of
-`controllers.METHODS` runs in one compiled `lax.scan` (seeds `vmap`-ed) holding its parts: plain
-GRPO, Prompt-GDRO (advantage reweighting), Rollout-GDRO (rollout allocation under the fixed total
+`controllers.METHODS` runs in one compiled `lax.scan` (seeds `vmap`-ed) holding its parts, built
+from `controllers.PARTS` (`MethodFlags` name the part behind each decision): plain GRPO,
+Prompt-GDRO (advantage reweighting), Rollout-GDRO (rollout allocation under the fixed total
 R = N * n_mean), both, and the rivals at equal compute: Knapsack-RL (rollouts per prompt), MoPPS
 (Thompson-sampled batches) and DAPO's dynamic sampling (rounds of R rollouts, an update once a
 buffer of groups with a signal is ready). The rivals' parts are compiled in only when a method
@@ -50,6 +51,7 @@ from gdro_jax.sim._parts import (
     MethodFlags,
     method_flags,
     method_parts,
+    part_index,
 )
 from gdro_jax.sim._plots import (
     plot_controller_signals,
@@ -117,6 +119,7 @@ __all__ = [
     "method_flags",
     "method_parts",
     "paired_gain",
+    "part_index",
     "per_level_mean",
     "plot_controller_signals",
     "plot_final_by_level",

@@ -7,25 +7,33 @@ picks the simulation's fields out of it, so `--config.steps=...` and
 """
 
 import dataclasses
+import inspect
 import math
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from gdro_jax.controllers import PARTS, passk_classifier
 from gdro_jax.tasks import level_counts, level_shares
 
 _OPTIMIZERS = ("adam", "sgd")
+# The library's signals (`losses.SIGNALS`) but "surrogate_kl": the learner has no reference
+# policy, and without one that signal is "surrogate".
 _LOSS_SIGNALS = ("failure_rate", "surrogate")
-# Set by the simulator itself, so a controller's keyword arguments may not carry them.
-_RESERVED = {
-    "classifier": ("num_prompts",),
-    "prompt_gdro": ("num_bins",),
-    "rollout_gdro": ("num_bins", "n_mean", "reward_values"),
-    "knapsack": ("num_prompts", "n_mean"),
-    "mopps": ("num_prompts",),
-    "dynamic_sampling": ("num_groups",),
-}
+# The arguments of a part's factory that the simulator sets itself from the fields below (the
+# trainer's run-level arguments), so a part's block may not carry them.
+RUN_LEVEL_ARGUMENTS = ("num_prompts", "num_groups", "num_bins", "n_mean", "reward_values")
+
+
+def _reserved(block: str) -> tuple[str, ...]:
+    """The run-level arguments the factory behind `block` takes (none for a block of no part)."""
+    factories = {"classifier": passk_classifier}
+    factories.update((part, f) for parts in PARTS.values() for part, f in parts.items())
+    if block not in factories:
+        return ()
+    accepted = inspect.signature(factories[block]).parameters
+    return tuple(name for name in RUN_LEVEL_ARGUMENTS if name in accepted)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,9 +65,10 @@ class SimConfig:
       scale_by_std: GRPO advantages (True) or Dr.GRPO's unscaled ones (False).
       advantage_estimator: the group std, "sample" (the released code's N-1, as the trainer) or
         "population" (see `gdro_jax.losses.group_advantages`).
-      loss_signal: Prompt-GDRO's per-prompt loss, "failure_rate" (1 - mean correctness) or
-        "surrogate" (minus the prompt's mean advantage, the released code's signal at ratio 1;
-        it is zero up to rounding, which is the point of offering it: see SPEC 4).
+      loss_signal: the adversaries' per-prompt loss, the trainer's `losses.prompt_loss_signal`:
+        "failure_rate" (1 - mean correctness) or "surrogate" (minus the prompt's mean advantage,
+        the released code's signal at ratio 1; it is zero up to rounding, which is the point of
+        offering it: see SPEC 4).
       eval_k: k of the exact held-out pass@k.
       classifier: keyword arguments of `passk_classifier` (not `num_prompts`).
       prompt_gdro: keyword arguments of `prompt_gdro` (not `num_bins`).
@@ -73,8 +82,10 @@ class SimConfig:
         `num_prompts`); applied by a simulator built with the `dynamic_sampling` part.
 
     Every controller block left empty takes its factory's defaults, which are also the trainer's
-    (its config schema reads them off the same factories). A rival's block is checked by
-    `make_simulator` when its part is compiled in, as the trainer builds its method's parts only.
+    (its config schema reads them off the same factories). A part of `controllers.PARTS` is
+    simulated when this class has a block of its name (see `sim.SIMULATED_PARTS`). A rival's
+    block is checked by `make_simulator` when its part is compiled in, as the trainer builds its
+    method's parts only.
     """
 
     steps: int = 300
@@ -145,9 +156,11 @@ class SimConfig:
             raise ValueError(
                 f"reward_correct must differ from reward_wrong, got both {self.reward_correct!r}"
             )
-        for group, reserved in _RESERVED.items():
-            kwargs = getattr(self, group)
-            for key in reserved:
+        for field in dataclasses.fields(self):
+            if field.default_factory is not dict:  # not a controller's block
+                continue
+            group, kwargs = field.name, getattr(self, field.name)
+            for key in _reserved(group):
                 if key in kwargs:
                     raise ValueError(
                         f"{group}.{key} is set by the simulator, got {group}.{key}={kwargs[key]!r}"

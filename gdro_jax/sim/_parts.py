@@ -1,49 +1,99 @@
-"""Which controller parts a simulator compiles, and which of them a method applies.
+"""Which parts of `controllers.PARTS` a simulator builds, and which of them a method applies.
 
-Every part of `controllers.PARTS` has a traced boolean in `MethodFlags`, so one compilation
-serves every method whose parts it holds. Which parts are compiled in at all is static
-(`make_simulator(config, parts=...)`): the GDRO parts always (every method logs what they would
-play), the rivals (Knapsack-RL, MoPPS, dynamic sampling) only when asked for, so the GDRO methods'
-program does not carry them. `simulate(config, methods)` compiles the union of its methods'
-parts (`method_parts`); a method whose part a given simulator lacks is refused by name.
+A method's record (`controllers.METHODS`) names the part behind each of a step's four decisions
+(`controllers.DECISIONS`). `MethodFlags` holds, per decision, which part fills it, as a traced
+int (0: GRPO's own choice; k: the k-th part of `controllers.PARTS[decision]`), so one compilation
+serves every method whose parts it holds, and a decision can never hold two parts at once.
+
+Every part is built from its factory in `controllers.PARTS` and its `SimConfig` block of the
+same name, with the run-level arguments its factory takes (`build_part`, as the trainer's
+`configs.build_controllers`). The simulator models a part when `SimConfig` holds its block; a
+part registered in `controllers.PARTS` without one is refused by name (`method_flags`).
+
+Which parts are built at all is static (`make_simulator(config, parts=...)`): the GDRO parts
+always (every method logs what they would play), the others (the rivals) only when asked for, so
+the GDRO methods' program does not carry them. `simulate(config, methods)` builds the union of
+its methods' parts (`method_parts`); a method whose part a given simulator lacks is refused by
+name.
 """
 
+import dataclasses
+import inspect
 from collections.abc import Iterable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from gdro_jax.controllers import METHODS, PARTS, get_method
-
-# The field of `MethodFlags` that applies each part the simulator models.
-FLAG_OF_PART = {
-    "prompt_gdro": "reweight",
-    "rollout_gdro": "allocate",
-    "knapsack": "allocate_knapsack",
-    "mopps": "sample_mopps",
-    "dynamic_sampling": "filter_groups",
-}
-ALL_PARTS = tuple(FLAG_OF_PART)
-# Compiled into every simulator: all methods run them (a method only decides what is applied).
-GDRO_PARTS = ("prompt_gdro", "rollout_gdro")
-# The parts of `controllers.METHODS` the simulator models, by decision.
-SIMULATED_PARTS = {
-    decision: tuple(part for part in parts if part in FLAG_OF_PART)
-    for decision, parts in PARTS.items()
-}
-_ALLOCATIONS = ("rollout_gdro", "knapsack")
+from gdro_jax.sim._config import RUN_LEVEL_ARGUMENTS, SimConfig
 
 
 class MethodFlags(NamedTuple):
-    """Which controller decisions a method applies (traced, so methods share one compilation)."""
+    """The part filling each decision (traced, so methods share one compilation): 0 for GRPO's
+    choice, k for the k-th part of `controllers.PARTS[decision]` (`part_index`)."""
 
-    reweight: jax.Array  # [] bool apply Prompt-GDRO's advantage multipliers
-    allocate: jax.Array  # [] bool apply Rollout-GDRO's rollout counts
-    allocate_knapsack: jax.Array  # [] bool apply Knapsack-RL's rollout counts
-    sample_mopps: jax.Array  # [] bool the batch is MoPPS's Thompson draw, not the epoch order's
-    filter_groups: jax.Array  # [] bool dynamic sampling: an optimizer step only on a ready buffer
+    prompt_sampler: jax.Array  # [] int32 which prompts make the batch (0: the epoch order)
+    rollout_allocation: jax.Array  # [] int32 rollouts per prompt (0: n_mean each)
+    prompt_adversary: jax.Array  # [] int32 advantage multipliers (0: equal weights)
+    group_filter: jax.Array  # [] int32 which groups the update keeps (0: all, every step)
+
+
+# The decision each part of the registry fills.
+DECISION_OF_PART = {part: decision for decision, parts in PARTS.items() for part in parts}
+# Built into every simulator: all methods run them (a method only decides what is applied).
+GDRO_PARTS = ("prompt_gdro", "rollout_gdro")
+# The controller blocks of `SimConfig`: the classifier's, and one per part it models.
+_BLOCKS = {field.name for field in dataclasses.fields(SimConfig) if field.default_factory is dict}
+# The parts of `controllers.PARTS` the simulator models (those with a `SimConfig` block, under a
+# decision `MethodFlags` holds), by decision, in the registry's order.
+SIMULATED_PARTS = {
+    decision: tuple(part for part in PARTS.get(decision, ()) if part in _BLOCKS)
+    for decision in MethodFlags._fields
+}
+# Every part the simulator models: the GDRO parts first, then the others in the registry's order.
+ALL_PARTS = (
+    *GDRO_PARTS,
+    *(p for parts in SIMULATED_PARTS.values() for p in parts if p not in GDRO_PARTS),
+)
+
+
+def part_index(decision: str, part: str | None) -> int:
+    """The value of `MethodFlags.<decision>` that applies `part` (0 for None: GRPO's choice)."""
+    return 0 if part is None else tuple(PARTS[decision]).index(part) + 1
+
+
+def build_part(config: SimConfig, part: str, num_bins: int) -> Any:
+    """`part` built by its factory in `controllers.PARTS` from its `SimConfig` block, with the
+    run-level arguments (`RUN_LEVEL_ARGUMENTS`) its factory takes.
+
+    Raises:
+      ValueError: naming the block's field (`knapsack.n_max`, ...) whose value the factory refuses.
+    """
+    factory = PARTS[DECISION_OF_PART[part]][part]
+    run_level = {
+        # The parts that keep a history per prompt (Knapsack-RL, MoPPS) keep it over the pool's D.
+        "num_prompts": config.pool_size,
+        # A group filter's round is the step's N groups.
+        "num_groups": config.num_prompts,
+        "num_bins": num_bins,
+        "n_mean": config.n_mean,
+        # The Bernoulli proxies scale with the reward's range, as in the trainer.
+        "reward_values": (config.reward_wrong, config.reward_correct),
+    }
+    assert set(run_level) == set(RUN_LEVEL_ARGUMENTS)
+    accepted = inspect.signature(factory).parameters
+    given = {name: value for name, value in run_level.items() if name in accepted}
+    return call_named(part, factory, **given, **getattr(config, part))
+
+
+def call_named(block: str, factory, *args, **kwargs):
+    """Calls a controller factory; its ValueError names the field under the config's block."""
+    try:
+        return factory(*args, **kwargs)
+    except ValueError as error:
+        raise ValueError(f"{block}.{error}") from None
 
 
 def _simulated(method) -> bool:
@@ -67,7 +117,7 @@ def compiled_parts(parts: Iterable[str]) -> tuple[str, ...]:
       ValueError: a name that is not one of `ALL_PARTS`.
     """
     parts = tuple(parts)
-    unknown = [part for part in parts if part not in FLAG_OF_PART]
+    unknown = [part for part in parts if part not in ALL_PARTS]
     if unknown:
         raise ValueError(f"parts must be names from {ALL_PARTS}, got parts={parts!r}")
     return tuple(part for part in ALL_PARTS if part in parts or part in GDRO_PARTS)
@@ -98,14 +148,22 @@ def method_flags(method: str, parts: Iterable[str] | None = None) -> MethodFlags
     applied = record.parts()
     for decision, part in applied.items():
         if part not in SIMULATED_PARTS.get(decision, ()):
+            why = (
+                f"SimConfig has no block {part!r}"
+                if decision in SIMULATED_PARTS
+                else f"MethodFlags has no decision {decision!r}"
+            )
             raise ValueError(
-                f"the simulator does not model {decision}={part!r} (method {method!r}); it "
-                f"models {SIMULATED_PARTS}"
+                f"the simulator does not model {decision}={part!r} (method {method!r}): {why}; "
+                f"it models {SIMULATED_PARTS}"
             )
     if parts is not None:
         _check_compiled(set(applied.values()), tuple(parts), f"method {method!r}")
     return MethodFlags(
-        **{flag: jnp.asarray(part in applied.values()) for part, flag in FLAG_OF_PART.items()}
+        **{
+            decision: jnp.asarray(part_index(decision, getattr(record, decision)), jnp.int32)
+            for decision in MethodFlags._fields
+        }
     )
 
 
@@ -126,21 +184,25 @@ def check_flags(flags: MethodFlags, parts: tuple[str, ...]) -> None:
 
     Raises:
       ValueError: naming the method the flags belong to (when they are a method's) and the
-        missing part; or the parts that do not combine (two rollout allocations; a group filter
-        with an allocation or a prompt adversary, which the trainer refuses too).
+        missing part; or a decision's value that names no part; or the parts that do not combine
+        (a group filter with an allocation or a prompt adversary, which the trainer refuses too).
     """
-    values = [getattr(flags, flag) for flag in FLAG_OF_PART.values()]
-    if any(isinstance(value, jax.core.Tracer) for value in values):
+    if any(isinstance(value, jax.core.Tracer) for value in flags):
         return
-    applied = {
-        part for part, value in zip(ALL_PARTS, values, strict=True) if bool(np.asarray(value))
-    }
-    named = [name for name, record in METHODS.items() if set(record.parts().values()) == applied]
-    who = f"method {named[0]!r}" if named else f"flags applying {sorted(applied)}"
-    _check_compiled(applied, parts, who)
-    if all(part in applied for part in _ALLOCATIONS):
-        raise ValueError(f"{who} applies two rollout allocations, {_ALLOCATIONS}; choose one")
-    if "dynamic_sampling" in applied and applied & {"prompt_gdro", *_ALLOCATIONS}:
+    chosen = {}
+    for decision, value in flags._asdict().items():
+        index = int(np.asarray(value))
+        if not 0 <= index <= len(PARTS[decision]):
+            raise ValueError(
+                f"flags.{decision} must be 0 (GRPO's) or 1..{len(PARTS[decision])} (the parts "
+                f"{tuple(PARTS[decision])}), got flags.{decision}={index}"
+            )
+        if index:
+            chosen[decision] = tuple(PARTS[decision])[index - 1]
+    named = [name for name, record in METHODS.items() if record.parts() == chosen]
+    who = f"method {named[0]!r}" if named else f"flags applying {sorted(chosen.values())}"
+    _check_compiled(set(chosen.values()), parts, who)
+    if "group_filter" in chosen and {"rollout_allocation", "prompt_adversary"} & set(chosen):
         raise ValueError(
             f"{who}: a group filter trains on groups of n_mean rollouts from earlier rounds, so "
             "it does not combine with a rollout allocation or a prompt adversary"

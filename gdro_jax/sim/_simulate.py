@@ -1,20 +1,25 @@
 """The simulation loop: GRPO on the skill-chain learner with the controllers, in one jit.
 
-One run is a `lax.scan` over steps of a pure step function; seeds are `vmap`-ed; the method is a
-tuple of traced booleans (`MethodFlags`), so one compilation serves every method of a config and
-nothing recompiles when the controllers change their decisions (SPEC 6). Which parts are compiled
-in is static (`make_simulator(config, parts=...)`, see `_parts`): the GDRO parts always, the
-rivals (Knapsack-RL, MoPPS, dynamic sampling) only when asked for, so the GDRO methods' program
-carries none of them, and their numbers do not depend on which rivals are compiled beside them.
+One run is a `lax.scan` over steps of a pure step function; seeds are `vmap`-ed; the method is
+traced (`MethodFlags`: per decision, the part of `controllers.PARTS` that fills it), so one
+compilation serves every method of a config and nothing recompiles when the controllers change
+their decisions (SPEC 6). Which parts are compiled in is static (`make_simulator(config,
+parts=...)`, see `_parts`): the GDRO parts always, the rivals (Knapsack-RL, MoPPS, dynamic
+sampling) only when asked for, so the GDRO methods' program carries none of them, and their
+numbers do not depend on which rivals are compiled beside them.
 
-A step (SPEC 7): draw N prompts (epoch-shuffled, so every prompt is revisited; under MoPPS its
-Thompson draw over the pool instead); classify them from history up to t-1; Rollout-GDRO (or
-Knapsack-RL, from each prompt's own history) allocates `n_i` with `sum n_i = R = N * n_mean`;
-Prompt-GDRO gives advantage multipliers `w_i`; `R` Bernoulli rollouts; the exact GRPO gradient;
-an optimizer step on the skill logits; then the state transitions of every compiled controller.
+A step (SPEC 7) makes the four decisions of `controllers.DECISIONS`, each through the parts
+compiled for it and its own default (GRPO's), the applied one selected by the flags: draw N
+prompts (epoch-shuffled, so every prompt is revisited; or a prompt sampler's draw, MoPPS's
+Thompson draw over the pool); classify them from history up to t-1; a rollout allocation
+(Rollout-GDRO by bin, Knapsack-RL from each prompt's own history) gives `n_i` with
+`sum n_i = R = N * n_mean`; a prompt adversary (Prompt-GDRO) gives advantage multipliers `w_i`;
+`R` Bernoulli rollouts; the exact GRPO gradient; an optimizer step on the skill logits; then the
+adversaries' per-prompt loss signal, the trainer's `losses.prompt_loss_signal`, and the state
+transitions of every compiled part.
 
-Under dynamic sampling a step is a round of the same R rollouts (equal compute): its groups whose
-rewards are not all equal join the buffer of `controllers.dynamic_sampling`, and the optimizer
+Under a group filter (dynamic sampling) a step is a round of the same R rollouts (equal
+compute): its groups whose rewards are not all equal join the filter's buffer, and the optimizer
 step is taken only on a round where the buffer is ready (full, or `max_rounds` reached), along
 the exact GRPO gradient of the buffered groups; other rounds leave theta and the optimizer state
 unchanged (`StepRecord.updated`).
@@ -26,7 +31,7 @@ across methods: the same pools, batches and uniforms, so method differences are 
 """
 
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -34,19 +39,10 @@ import numpy as np
 import optax
 from tqdm import tqdm
 
+from gdro_jax import losses
 from gdro_jax.controllers import (
-    DynamicSamplingState,
-    KnapsackState,
-    MoPPSState,
     PassKState,
-    PromptGDROState,
-    RolloutGDROState,
-    dynamic_sampling,
-    knapsack,
-    mopps,
     passk_classifier,
-    prompt_gdro,
-    rollout_gdro,
     slots_from_counts,
 )
 from gdro_jax.sim._config import SimConfig
@@ -60,13 +56,17 @@ from gdro_jax.sim._learner import (
     success_prob,
 )
 from gdro_jax.sim._parts import (
+    DECISION_OF_PART,
     GDRO_METHODS,
     GDRO_PARTS,
     MethodFlags,
+    build_part,
+    call_named,
     check_flags,
     compiled_parts,
     method_flags,
     method_parts,
+    part_index,
 )
 
 
@@ -79,16 +79,14 @@ class BufferedGroups(NamedTuple):
 
 
 class SimState(NamedTuple):
-    """The scan carry of one run (a part that is not compiled in holds None)."""
+    """The scan carry of one run."""
 
     theta: jax.Array  # [L] float32 skill logits
     opt_state: optax.OptState  # the optimizer's state for theta
     classifier: PassKState  # over the D training prompts
-    prompt: PromptGDROState  # updated by every method, applied only when flags.reweight
-    rollout: RolloutGDROState  # updated by every method, applied only when flags.allocate
-    knapsack: KnapsackState | None = None  # every method's visits; applied: allocate_knapsack
-    sampler: MoPPSState | None = None  # every method's groups; applied when flags.sample_mopps
-    buffer: DynamicSamplingState | None = None  # of BufferedGroups; read when flags.filter_groups
+    # Each compiled part's state by its name in `controllers.PARTS` (the GDRO parts' always):
+    # every part observes every method's steps; a method's flags say which parts are applied.
+    parts: dict[str, Any]
 
 
 class StepRecord(NamedTuple):
@@ -142,14 +140,6 @@ def _optimizer(config: SimConfig) -> optax.GradientTransformation:
     return optax.sgd(config.learning_rate)
 
 
-def _named(block: str, factory, *args, **kwargs):
-    """Calls a controller factory; its ValueError names the field under the config's block."""
-    try:
-        return factory(*args, **kwargs)
-    except ValueError as error:
-        raise ValueError(f"{block}.{error}") from None
-
-
 # XLA options for short runs (tests, notebook sweeps): about 3x faster compilation of the scan for
 # about 3x slower steps, measured on a 2-core CPU.
 FAST_COMPILE_OPTIONS = {
@@ -182,39 +172,35 @@ def make_simulator(
 
     Raises:
       ValueError: an unknown part, or a bad value in the block of a compiled part (named as
-        `knapsack.n_max`, ...).
+        `knapsack.n_max`, ...), or a prompt adversary that resamples the batch (the simulator
+        reweights advantages only).
     """
     parts = compiled_parts(parts)
-    with_knapsack, with_mopps, with_filter = (
-        part in parts for part in ("knapsack", "mopps", "dynamic_sampling")
-    )
-    classifier = _named("classifier", passk_classifier, config.pool_size, **config.classifier)
+    classifier = call_named("classifier", passk_classifier, config.pool_size, **config.classifier)
     num_bins = classifier.num_bins
-    prompt_adversary = _named("prompt_gdro", prompt_gdro, num_bins=num_bins, **config.prompt_gdro)
-    rollout_adversary = _named(
-        "rollout_gdro",
-        rollout_gdro,
-        num_bins=num_bins,
-        **{
-            "n_mean": config.n_mean,
-            # The Bernoulli proxies scale with the reward's range, as in the trainer.
-            "reward_values": (config.reward_wrong, config.reward_correct),
-            **config.rollout_gdro,
-        },
-    )
-    # The rivals, built only when compiled in (as the trainer builds its method's parts only),
-    # with the trainer's run-level arguments: the dataset's D prompts and n_mean.
-    allocator = sampler = group_filter = None
-    if with_knapsack:
-        allocator = _named(
-            "knapsack", knapsack, config.pool_size, n_mean=config.n_mean, **config.knapsack
-        )
-    if with_mopps:
-        sampler = _named("mopps", mopps, config.pool_size, **config.mopps)
-    if with_filter:
-        group_filter = _named(
-            "dynamic_sampling", dynamic_sampling, config.num_prompts, **config.dynamic_sampling
-        )
+    # Every compiled part from its factory in `controllers.PARTS` and its block (the rivals only
+    # when compiled in, as the trainer builds its method's parts only), by the decision it fills.
+    built = {part: build_part(config, part, num_bins) for part in parts}
+
+    def of_decision(decision: str) -> dict[str, Any]:
+        return {part: built[part] for part in parts if DECISION_OF_PART[part] == decision}
+
+    samplers, allocations = of_decision("prompt_sampler"), of_decision("rollout_allocation")
+    adversaries, group_filters = of_decision("prompt_adversary"), of_decision("group_filter")
+    for part, adversary in adversaries.items():
+        if adversary.realisation != "reweight":  # batches come from the epoch order or a sampler
+            raise ValueError(
+                f"{part}.realisation must be 'reweight' in the simulator, got "
+                f"{part}.realisation={adversary.realisation!r}"
+            )
+    # What every method logs: the distribution and the shadow price the GDRO parts would play.
+    prompt_adversary = built["prompt_gdro"]
+
+    def applies(flags: MethodFlags, part: str) -> jax.Array:
+        """[] bool: `flags` hand the decision `part` fills to `part`."""
+        decision = DECISION_OF_PART[part]
+        return getattr(flags, decision) == part_index(decision, part)
+
     optimizer = _optimizer(config)
     num_prompts, num_slots, num_levels = config.num_prompts, config.num_slots, config.num_levels
     pool_counts_L = config.pool_counts
@@ -227,6 +213,10 @@ def make_simulator(
         scale_by_std=config.scale_by_std,
         estimator=config.advantage_estimator,
     )
+    # A rollout of the learner is one "token", scored by the policy that sampled it: the loss
+    # signal's ratio is 1 (logp = old_logp), as at the trainer's first mini-batch of a step.
+    logp_R1 = jnp.zeros((num_slots, 1), jnp.float32)
+    mask_R1 = jnp.ones((num_slots, 1), bool)
 
     def evaluate(theta_L: jax.Array, heldout: PromptSet) -> tuple[jax.Array, jax.Array]:
         p_H = success_prob(theta_L, heldout.level_P, heldout.offset_P)
@@ -256,12 +246,13 @@ def make_simulator(
     uniform_slot_R = slots_from_counts(np.full(num_prompts, config.n_mean), num_slots)
 
     def filter_round(
-        buffer: DynamicSamplingState,
+        group_filter: Any,
+        buffer: Any,
         theta_L: jax.Array,
         groups: BufferedGroups,
         reward_NG: jax.Array,
-    ) -> tuple[jax.Array, jax.Array, DynamicSamplingState]:
-        """A round of dynamic sampling: `(buffered gradient, ready, buffer after the round)`."""
+    ) -> tuple[jax.Array, jax.Array, Any]:
+        """A round of a group filter: `(buffered gradient, ready, buffer after the round)`."""
         buffer, info = group_filter.add(buffer, groups, keep=group_filter.keep(reward_NG))
         held, filled_N, emptied = group_filter.take(buffer)
         # The buffer's groups were all sampled under theta: nothing moves it while they wait.
@@ -291,49 +282,53 @@ def make_simulator(
             theta_L = initial_skill_logits(
                 num_levels, config.init_logit_first, config.init_logit_slope
             )
-        empty_groups = BufferedGroups(
-            success=jnp.zeros((num_prompts, config.n_mean), bool),
-            level=jnp.zeros((num_prompts,), jnp.int32),
-            offset=jnp.zeros((num_prompts,), jnp.float32),
-        )
+
+        def init_part(part: str) -> Any:
+            if DECISION_OF_PART[part] == "group_filter":  # a buffer shaped by example groups
+                return built[part].init(
+                    BufferedGroups(
+                        success=jnp.zeros((num_prompts, config.n_mean), bool),
+                        level=jnp.zeros((num_prompts,), jnp.int32),
+                        offset=jnp.zeros((num_prompts,), jnp.float32),
+                    )
+                )
+            return built[part].init()
+
         state = SimState(
             theta=theta_L,
             opt_state=optimizer.init(theta_L),
             classifier=classifier.init(),
-            prompt=prompt_adversary.init(),
-            rollout=rollout_adversary.init(),
-            knapsack=allocator.init() if with_knapsack else None,
-            sampler=sampler.init() if with_mopps else None,
-            buffer=group_filter.init(empty_groups) if with_filter else None,
+            parts={part: init_part(part) for part in parts},
         )
 
         def step(state: SimState, inputs: tuple[jax.Array, jax.Array]):
             step_index, step_key = inputs
             allocate_key, rollout_key = jax.random.split(step_key)
             ids_N = batch_ids(order_ED, step_index)
-            if with_mopps:
+            for part, sampler in samplers.items():
                 # A key folded from the step's: the other keys stay those of the GDRO program.
-                drawn = sampler.draw(state.sampler, num_prompts, jax.random.fold_in(step_key, 1))
-                ids_N = jnp.where(flags.sample_mopps, drawn.prompt_ids, ids_N)
+                sampler_key = jax.random.fold_in(step_key, part_index("prompt_sampler", part))
+                drawn = sampler.draw(state.parts[part], num_prompts, sampler_key)
+                ids_N = jnp.where(applies(flags, part), drawn.prompt_ids, ids_N)
             level_N, offset_N = pool.level_P[ids_N], pool.offset_P[ids_N]
 
             # Plan from history up to t-1 (SPEC 3, timing).
             bins_N = classifier.bins(state.classifier, ids_N)
             p_hat_N = classifier.p_hat(state.classifier, ids_N)
-            allocated_N, info = rollout_adversary.allocate(
-                state.rollout, bins_N, p_hat_N, allocate_key
-            )
-            n_N = jnp.where(flags.allocate, allocated_N, config.n_mean).astype(jnp.int32)
-            if with_knapsack:
-                knapsack_N, _ = allocator.allocate(state.knapsack, prompt_ids=ids_N)
-                n_N = jnp.where(flags.allocate_knapsack, knapsack_N, n_N)
+            n_N = jnp.full((num_prompts,), config.n_mean, jnp.int32)
+            allocation_info = {}
+            for part, allocation in allocations.items():
+                counts_N, allocation_info[part] = allocation.allocate(
+                    state.parts[part], bins_N, p_hat_N, allocate_key, prompt_ids=ids_N
+                )
+                n_N = jnp.where(applies(flags, part), counts_N, n_N)
+            info = allocation_info["rollout_gdro"]
             count_B = per_group(jnp.ones_like(bins_N), bins_N, num_bins)
-            q_B = prompt_adversary.distribution(state.prompt, count_B > 0)
-            weight_N = jnp.where(
-                flags.reweight,
-                prompt_adversary.weights(state.prompt, bins_N, num_rollouts=n_N),
-                1.0,
-            )
+            q_B = prompt_adversary.distribution(state.parts["prompt_gdro"], count_B > 0)
+            weight_N = jnp.ones((num_prompts,), jnp.float32)
+            for part, adversary in adversaries.items():
+                weights_N = adversary.weights(state.parts[part], bins_N, num_rollouts=n_N)
+                weight_N = jnp.where(applies(flags, part), weights_N, weight_N)
 
             # Roll out R Bernoulli samples and take the exact GRPO step.
             slot_R = slots_from_counts(n_N, num_slots)
@@ -349,53 +344,56 @@ def make_simulator(
                 **gradient_options,
             )
             updated = jnp.asarray(True)
-            buffer = state.buffer
-            if with_filter:
+            part_states = {}
+            for part, group_filter in group_filters.items():
                 # The round's groups are N x n_mean slots: a group filter allocates nothing.
                 success_NG = success_R.reshape(num_prompts, config.n_mean)
                 reward_NG = jnp.where(success_NG, config.reward_correct, config.reward_wrong)
                 groups = BufferedGroups(success_NG, level_N, offset_N)
-                buffered_grad_L, ready, buffer = filter_round(
-                    state.buffer, state.theta, groups, reward_NG
+                buffered_grad_L, ready, part_states[part] = filter_round(
+                    group_filter, state.parts[part], state.theta, groups, reward_NG
                 )
-                grad_L = jnp.where(flags.filter_groups, buffered_grad_L, grad_L)
-                updated = ~flags.filter_groups | ready
+                grad_L = jnp.where(applies(flags, part), buffered_grad_L, grad_L)
+                updated = jnp.where(applies(flags, part), ready, updated)
             updates_L, opt_state = optimizer.update(-grad_L, state.opt_state, state.theta)
             theta_L = optax.apply_updates(state.theta, updates_L)
-            if with_filter:
+            if group_filters:
                 # A waiting round leaves theta and the optimizer state (Adam's count) as they are.
                 theta_L = jnp.where(updated, theta_L, state.theta)
                 opt_state = jax.tree.map(
                     lambda new, old: jnp.where(updated, new, old), opt_state, state.opt_state
                 )
 
-            # Observe: the adversaries' loss signal and the state transitions.
-            if config.loss_signal == "failure_rate":
-                losses_N = 1.0 - stats.num_correct_N / stats.num_rollouts_N
-            else:
-                advantage_sum_N = jax.ops.segment_sum(stats.advantage_R, slot_R, num_prompts)
-                losses_N = -advantage_sum_N / stats.num_rollouts_N
+            # Observe: the adversaries' loss signal (the trainer's) and the state transitions.
+            losses_N = losses.prompt_loss_signal(
+                config.loss_signal,
+                prompt_of_slot_R=slot_R,
+                num_prompts=num_prompts,
+                logp_RT=logp_R1,
+                old_logp_RT=logp_R1,
+                adv_R=stats.advantage_R,
+                mask_RT=mask_R1,
+                correct_R=success_R,
+            )
             classifier_state = classifier.update(
                 state.classifier, ids_N, num_correct=stats.num_correct_N, num_rollouts=n_N
             )
-            prompt_state = prompt_adversary.update(state.prompt, bins_N, losses=losses_N)
-            rollout_state = rollout_adversary.update(
-                state.rollout,
-                bins_N,
-                p_hat=classifier.p_hat(classifier_state, ids_N),
-                losses=losses_N,
-                num_correct=stats.num_correct_N,
-                num_rollouts=n_N,
-            )
             visits = dict(prompt_ids=ids_N, num_correct=stats.num_correct_N, num_rollouts=n_N)
-            knapsack_state = allocator.update(state.knapsack, **visits) if with_knapsack else None
-            sampler_state = sampler.update(state.sampler, **visits) if with_mopps else None
+            for part, sampler in samplers.items():
+                part_states[part] = sampler.update(state.parts[part], **visits)
+            for part, adversary in adversaries.items():
+                part_states[part] = adversary.update(state.parts[part], bins_N, losses=losses_N)
+            p_hat_after_N = classifier.p_hat(classifier_state, ids_N)
+            for part, allocation in allocations.items():
+                part_states[part] = allocation.update(
+                    state.parts[part], bins_N, p_hat=p_hat_after_N, losses=losses_N, **visits
+                )
 
             pass1_L, pass_k_L = evaluate(state.theta, heldout)
             share_B = count_B / num_prompts
             record = StepRecord(
                 q=q_B,
-                scores=state.prompt.scores,
+                scores=state.parts["prompt_gdro"].scores,
                 variance=info.variance_per_bin,
                 bin_count=count_B,
                 rollouts_per_bin=per_group(n_N, bins_N, num_bins),
@@ -416,16 +414,7 @@ def make_simulator(
                 theta=state.theta,
                 updated=updated,
             )
-            new_state = SimState(
-                theta_L,
-                opt_state,
-                classifier_state,
-                prompt_state,
-                rollout_state,
-                knapsack_state,
-                sampler_state,
-                buffer,
-            )
+            new_state = SimState(theta_L, opt_state, classifier_state, part_states)
             return new_state, record
 
         inputs = (

@@ -21,18 +21,51 @@ def test_every_method_is_simulated_and_the_default_methods_are_the_gdro_ones():
     assert inspect.signature(sim.simulate).parameters["methods"].default == sim.GDRO_METHODS
 
 
+def test_the_flags_hold_one_field_per_decision_of_the_registry():
+    assert sim.MethodFlags._fields == controllers.DECISIONS
+
+
+# Each method's parts written out by hand, decision by decision (None: GRPO's own choice).
+EXPECTED_PARTS = {
+    "grpo": {},
+    "prompt_gdro": {"prompt_adversary": "prompt_gdro"},
+    "rollout_gdro": {"rollout_allocation": "rollout_gdro"},
+    "gdro_both": {"prompt_adversary": "prompt_gdro", "rollout_allocation": "rollout_gdro"},
+    "knapsack": {"rollout_allocation": "knapsack"},
+    "mopps": {"prompt_sampler": "mopps"},
+    "dynamic_sampling": {"group_filter": "dynamic_sampling"},
+}
+
+
 @pytest.mark.parametrize("method", tuple(controllers.METHODS))
-def test_a_methods_flags_are_set_for_its_own_parts_only(method):
+def test_a_methods_flags_name_its_own_parts_only(method):
     flags = sim.method_flags(method)
-    parts = set(controllers.METHODS[method].parts().values())
-    expected = {
-        "reweight": "prompt_gdro" in parts,
-        "allocate": "rollout_gdro" in parts,
-        "allocate_knapsack": "knapsack" in parts,
-        "sample_mopps": "mopps" in parts,
-        "filter_groups": "dynamic_sampling" in parts,
+    decoded = {}
+    for decision, value in flags._asdict().items():
+        assert value.dtype == jnp.int32 and value.shape == (), decision
+        if int(value):
+            decoded[decision] = list(controllers.PARTS[decision])[int(value) - 1]
+    assert decoded == EXPECTED_PARTS[method]
+    assert {d: sim.part_index(d, p) for d, p in decoded.items()} == {
+        d: int(v) for d, v in flags._asdict().items() if int(v)
     }
-    assert {name: bool(value) for name, value in flags._asdict().items()} == expected
+
+
+def test_a_part_registered_without_a_simulator_block_is_refused_by_name(monkeypatch):
+    # A new allocation in the registry, and a method that applies it: the simulator has no
+    # `SimConfig` block to build it from, so it names the part rather than run without it.
+    monkeypatch.setitem(controllers.PARTS["rollout_allocation"], "uniform_plus", lambda: None)
+    record = controllers.Method("plus", "a test method", rollout_allocation="uniform_plus")
+    monkeypatch.setitem(controllers.METHODS, "plus", record)
+    refusal = "does not model rollout_allocation='uniform_plus' .*no block 'uniform_plus'"
+    with pytest.raises(ValueError, match=refusal):
+        sim.method_flags("plus")
+    with pytest.raises(ValueError, match=refusal):
+        sim.method_parts(["grpo", "plus"])
+    with pytest.raises(ValueError, match=refusal):
+        sim.simulate(TINY, ["grpo", "plus"])
+    # The parts already registered keep their flags.
+    assert int(sim.method_flags("knapsack").rollout_allocation) == 2
 
 
 def test_method_parts_is_the_union_of_the_methods_parts_and_the_gdro_parts():
@@ -58,17 +91,25 @@ def test_hand_made_flags_are_refused_when_their_parts_are_missing_or_do_not_comb
     simulator = sim.make_simulator(TINY, parts=sim.ALL_PARTS)
     keys = sim.seed_keys(1)
 
-    def flags(**applied):
-        fields = sim.MethodFlags._fields
-        return sim.MethodFlags(**{f: jnp.asarray(applied.get(f, False)) for f in fields})
+    def flags(**parts):
+        return sim.MethodFlags(
+            **{
+                decision: jnp.asarray(sim.part_index(decision, parts.get(decision)), jnp.int32)
+                for decision in controllers.DECISIONS
+            }
+        )
 
-    with pytest.raises(ValueError, match="two rollout allocations"):
-        simulator.run(flags(allocate=True, allocate_knapsack=True), keys)
+    # A decision holds one part: a value past the registry's parts names none.
+    too_far = flags()._replace(rollout_allocation=jnp.asarray(3, jnp.int32))
+    with pytest.raises(ValueError, match="flags.rollout_allocation must be 0 .* got .*=3"):
+        simulator.run(too_far, keys)
     with pytest.raises(ValueError, match="does not combine"):
-        simulator.run(flags(filter_groups=True, reweight=True), keys)
+        simulator.run(flags(group_filter="dynamic_sampling", prompt_adversary="prompt_gdro"), keys)
     default = sim.make_simulator(TINY)
     with pytest.raises(ValueError, match="flags applying \\['knapsack', 'prompt_gdro'\\]"):
-        default.run(flags(allocate_knapsack=True, reweight=True), keys)
+        default.run(flags(rollout_allocation="knapsack", prompt_adversary="prompt_gdro"), keys)
+    with pytest.raises(ValueError, match="method 'mopps' needs the part 'mopps'"):
+        default.run(flags(prompt_sampler="mopps"), keys)
 
 
 @pytest.mark.parametrize(
@@ -94,6 +135,12 @@ def test_a_bad_rival_block_is_named_when_its_part_is_compiled_in(block, value, f
         sim.make_simulator(config, parts=(block,))
     # A GDRO simulator does not read the block, as a GDRO run of the trainer does not.
     assert sim.make_simulator(config).parts == sim.GDRO_PARTS
+
+
+def test_a_prompt_adversary_that_resamples_the_batch_is_refused_by_name():
+    config = sim.SimConfig(prompt_gdro=dict(realisation="resample"))
+    with pytest.raises(ValueError, match="prompt_gdro.realisation must be 'reweight'"):
+        sim.make_simulator(config)
 
 
 def test_the_experiment_configs_rival_blocks_are_the_trainers_defaults():

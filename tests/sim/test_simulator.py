@@ -380,6 +380,36 @@ def test_controller_arguments_set_by_the_simulator_are_rejected():
         sim.method_flags("ppo")
 
 
+def test_prompt_gdro_scores_follow_each_groups_failure_rate(runs):
+    # TINY's loss signal is the failure rate: replaying the classifier's bins and Prompt-GDRO's
+    # score updates from the logged groups, with 1 - correct / rollouts computed here prompt by
+    # prompt, gives the scores the simulator logged, step by step.
+    assert TINY.loss_signal == "failure_rate"
+    trace = runs["outputs"]["gdro_both"].trace
+    classifier = controllers.passk_classifier(TINY.pool_size, **TINY.classifier)
+    adversary = controllers.prompt_gdro(num_bins=classifier.num_bins, **TINY.prompt_gdro)
+    bins_of, update_classifier = jax.jit(classifier.bins), jax.jit(classifier.update)
+    update_adversary = jax.jit(adversary.update)
+    for seed in range(trace.scores.shape[0]):
+        classifier_state, adversary_state = classifier.init(), adversary.init()
+        for step in range(TINY.steps):
+            np.testing.assert_allclose(
+                trace.scores[seed, step], adversary_state.scores, rtol=1e-5, atol=1e-6
+            )
+            ids = trace.prompt_ids[seed, step]
+            correct, rollouts = trace.num_correct[seed, step], trace.num_rollouts[seed, step]
+            bins = np.asarray(bins_of(classifier_state, ids))
+            np.testing.assert_array_equal(
+                np.bincount(bins, minlength=classifier.num_bins), trace.bin_count[seed, step]
+            )
+            failure = np.array([1.0 - c / n for c, n in zip(correct, rollouts, strict=True)])
+            classifier_state = update_classifier(
+                classifier_state, ids, num_correct=correct, num_rollouts=rollouts
+            )
+            adversary_state = update_adversary(adversary_state, bins, losses=failure)
+    assert np.abs(trace.scores[:, -1]).max() > 0.05  # the scores moved
+
+
 def test_surrogate_loss_signal_is_zero_at_ratio_one_so_q_stays_uniform():
     # SPEC 4: at ratio 1 the GRPO advantages of a prompt sum to zero, so the released code's
     # surrogate signal gives Prompt-GDRO nothing to act on: scores stay 0, q uniform over bins.
