@@ -85,9 +85,11 @@ class Planner:
         self.minibatch_slots = self.num_slots // self.grpo_config.num_minibatches
         data, fsdp, tensor = models.mesh_shape(mesh)
         self.batch_shards = data * fsdp
+        pool = _pool(settings, task)
         if program is None:
-            program = configs.step_program(settings, mesh, **_pool(settings, task))
+            program = configs.step_program(settings, mesh, **pool)
         self.program = program
+        self.num_dataset_prompts = pool["num_dataset_prompts"]
         self.prompt_width = program.prompt_width
         self.seq_len = self.prompt_width + settings.max_new_tokens
         self.replicated = program.replicated
@@ -163,11 +165,11 @@ class Planner:
             return program.rescore.lower(params, self.rollouts)
         if slots is not None:
             program = program.replace(rollout_micro_batch_slots=_or_none(slots, self.num_slots))
-        # The prompts' content does not change any buffer: N placeholder rows of the real width.
+        # The prompts' content does not change any buffer: D placeholder rows of the real width.
         with jax.default_device(self.device):  # the prompt table goes where the mesh is
             rollout = program.rollout_function(
-                np.zeros((self.num_prompts, self.prompt_width), np.int32),
-                np.ones((self.num_prompts,), np.int32),
+                np.zeros((self.num_dataset_prompts, self.prompt_width), np.int32),
+                np.ones((self.num_dataset_prompts,), np.int32),
             )
         return rollout.lower(params, self.plan, self.prompt_ids, self.key)
 

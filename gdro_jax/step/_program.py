@@ -238,16 +238,11 @@ class StepProgram:
 
     def abstract_rollouts(self) -> Rollouts:
         """The R slots' rollouts as ShapeDtypeStructs on the batch axes (what an external
-        engine hands the rescoring and the update)."""
-        flat = jax.tree.map(
-            lambda leaf: (leaf.shape[0] * leaf.shape[1], *leaf.shape[2:], leaf.dtype),
-            self.example_groups(),
-            is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct),
-        )
-        return jax.tree.map(
-            lambda spec: jax.ShapeDtypeStruct(
-                spec[:-1], spec[-1], sharding=models.batch_sharding(self.mesh, spec[:-1])
-            ),
-            flat,
-            is_leaf=lambda x: isinstance(x, tuple),
-        )
+        engine hands the rescoring and the update; on one device, that device)."""
+
+        def flat(leaf):
+            shape = (leaf.shape[0] * leaf.shape[1], *leaf.shape[2:])
+            sharding = models.batch_sharding(self.mesh, shape) or self.replicated
+            return jax.ShapeDtypeStruct(shape, leaf.dtype, sharding=sharding)
+
+        return jax.tree.map(flat, self.example_groups())
