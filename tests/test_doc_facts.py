@@ -8,7 +8,7 @@ introduce and end it; a page that drops the phrase fails here too.
 import re
 from pathlib import Path
 
-from gdro_jax import configs, controllers
+from gdro_jax import configs, controllers, step
 from gdro_jax import eval as evaluation
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
@@ -46,3 +46,26 @@ def test_the_evaluation_dtypes_are_the_codes():
     assert match, "docs/evaluation.md no longer documents --dtype"
     for dtype in evaluation.DTYPES:
         assert dtype in text[match.start() : match.start() + 400], dtype
+
+
+def test_the_step_phases_the_architecture_names_are_the_programs():
+    text = (DOCS / "architecture.md").read_text()
+    named = set(re.findall(r"`StepProgram\.(\w+)`", text))
+    phases = {"init_state", "abstract_state", "plan", "rollout_function", "rescore", "update"}
+    assert phases <= named, phases - named
+    for name in named:
+        assert hasattr(step.StepProgram, name), f"docs/architecture.md names StepProgram.{name}"
+
+
+def test_the_protocols_the_architecture_names_are_the_decisions():
+    names = _names_between("architecture.md", "(as optax has one", "maps the decisions")
+    protocols = [
+        name for name in names if name not in ("GradientTransformation", "controllers.PROTOCOLS")
+    ]
+    assert protocols == [protocol.__name__ for protocol in controllers.PROTOCOLS.values()]
+    assert list(controllers.PROTOCOLS) == list(controllers.DECISIONS)
+
+
+def test_the_run_level_arguments_the_architecture_names_are_the_codes():
+    names = _names_between("architecture.md", "the run-level arguments it accepts", "2. Its line")
+    assert sorted(names) == sorted(configs.RUN_LEVEL_ARGUMENTS)

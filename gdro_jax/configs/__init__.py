@@ -38,6 +38,7 @@ from gdro_jax.configs._run import (
     tokenizer_folder,
 )
 from gdro_jax.configs._schema import (
+    RUN_LEVEL_ARGUMENTS,
     Field,
     canonical,
     check_known,
@@ -65,6 +66,7 @@ def pretrain_config():
 
 
 __all__ = [
+    "RUN_LEVEL_ARGUMENTS",
     "RESUMABLE_FIELDS",
     "TASK_KINDS",
     "CheckpointSettings",

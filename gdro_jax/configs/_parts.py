@@ -15,6 +15,7 @@ import optax
 from flax import nnx
 
 from gdro_jax import controllers, models, step
+from gdro_jax.configs._schema import RUN_LEVEL_ARGUMENTS
 
 
 def _named(block: str, factory, *args, **kwargs):
@@ -44,6 +45,7 @@ def _part(
         "reward_values": tuple(config.reward_values),
         "num_groups": num_groups,
     }
+    assert tuple(run_level) == RUN_LEVEL_ARGUMENTS  # the schema leaves these out of the blocks
     accepted = inspect.signature(factory).parameters
     given = {k: v for k, v in run_level.items() if k in accepted}
     return _named(name, factory, **given, **config[name].to_dict())
