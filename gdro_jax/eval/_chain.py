@@ -1,16 +1,10 @@
 """The chain-task evaluation: k samples of each problem graded by exact match, per level and
-pooled; and a policy's report on its task's held-out test split, with its frontier.
+pooled (`evaluate_chain`), and a policy's report on its task's test split with its frontier
+levels (`chain_report`; docs/evaluation.md).
 
-`evaluate_chain` samples (`_harness.sample_batch`, batch b with `fold_in(key(seed), b)`), grades
-with the task's jittable reward (`tasks.solution_correct`: the whole worked solution must match)
-and summarises the counts with `summarize_counts` (SPEC 9). The warm start, the demo and the
-study (at a run's end and at its snapshots along the way) evaluate with it.
-
-`chain_report`, `evaluate_policy`'s chain part, writes `report.json`, `report.md` and
-`completions.jsonl` for the test split. Its frontier levels are those the policy does not yet
-solve reliably (pass@min(8, n) below 0.95): pooled figures are dominated by the easy levels, which
-hold most problems and sit at the ceiling, so the frontier row pools the levels where a method can
-still show a difference.
+`evaluate_chain` samples batch b with `fold_in(key(seed), b)`, grades with the task's jittable
+reward (`tasks.solution_correct`: the whole worked solution must match) and summarises the counts
+with `summarize_counts` (SPEC 9).
 """
 
 from __future__ import annotations
@@ -77,10 +71,24 @@ class ChainEvaluation:
         summary = self.pooled if level is None else self.by_level[level]
         return float(summary.pass_at[k - 1])
 
+    @property
+    def frontier_k(self) -> int:
+        """The k of the frontier: min(8, n)."""
+        return min(FRONTIER_K, self.num_samples)
+
     def frontier_levels(self, k: int | None = None, threshold: float = FRONTIER_PASS) -> list[int]:
-        """The levels whose pass@k is below `threshold` (k: default min(8, n)), ascending."""
-        k = min(FRONTIER_K, self.num_samples) if k is None else k
+        """The levels whose pass@k is below `threshold` (k: default `frontier_k`), ascending."""
+        k = self.frontier_k if k is None else k
         return [level for level in self.by_level if self.pass_at(k, level) < threshold]
+
+    def frontier(self) -> PassSummary | None:
+        """The `frontier_levels()`' problems pooled (intervals stratified by level); None when
+        there is no frontier level."""
+        on_frontier = np.isin(self.levels, self.frontier_levels())
+        if not on_frontier.any():
+            return None
+        correct, levels = self.correct[on_frontier], self.levels[on_frontier]
+        return summarize_counts(correct, self.num_samples, levels)[1]
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: per level and pooled mean@n and pass@k with intervals, and the
@@ -201,46 +209,33 @@ class ChainReport:
     Attributes:
       settings: the policy's name, its checkpoint step (None for an HF folder), the split, the
         sampling settings and the task config.
-      evaluation: the per-level and pooled `ChainEvaluation`.
-      frontier_k, frontier_levels: the levels with pass@frontier_k < 0.95.
-      frontier: `PassSummary` pooled over the frontier levels' problems (stratified by level);
-        None when there is no frontier level.
+      evaluation: the per-level, pooled and frontier figures (`ChainEvaluation`).
       problem_ids: each problem's id, in the order of `evaluation.correct`.
       timing: `total_s`, seconds of the sampling and grading.
     """
 
     settings: dict[str, Any]
     evaluation: ChainEvaluation
-    frontier_k: int
-    frontier_levels: list[int]
-    frontier: PassSummary | None
     problem_ids: list[str]
     timing: dict[str, float]
 
-    def pass_at(self, k: int, level: int | None = None) -> float:
-        """pass@k of one level, or pooled when `level` is None."""
-        return self.evaluation.pass_at(k, level)
-
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of everything (the content of `report.json`)."""
-        n, evaluation = self.evaluation.num_samples, self.evaluation
+        evaluation, n = self.evaluation, self.evaluation.num_samples
+        figures = evaluation.to_dict()
+        problems = zip(self.problem_ids, evaluation.levels, evaluation.correct, strict=True)
         return {
             "task": "chain",
             "settings": self.settings,
-            "num_samples": n,
-            "levels": {str(lv): summary_dict(s, n) for lv, s in evaluation.by_level.items()},
-            "pooled": summary_dict(evaluation.pooled, n),
+            **{key: figures[key] for key in ("num_samples", "levels", "pooled")},
             "frontier": {
-                "k": self.frontier_k,
+                "k": evaluation.frontier_k,
                 "threshold": FRONTIER_PASS,
-                "levels": list(self.frontier_levels),
-                "summary": summary_dict(self.frontier, n),
+                "levels": evaluation.frontier_levels(),
+                "summary": summary_dict(evaluation.frontier(), n),
             },
             "problems": [
-                {"id": i, "level": int(level), "n": n, "c": int(c)}
-                for i, level, c in zip(
-                    self.problem_ids, evaluation.levels, evaluation.correct, strict=True
-                )
+                {"id": i, "level": int(level), "n": n, "c": int(c)} for i, level, c in problems
             ],
             "timing": self.timing,
         }
@@ -248,13 +243,13 @@ class ChainReport:
     def to_markdown(self) -> str:
         """A Markdown table: one row per level, pooled and frontier, with mean@n and pass@k for
         k = 1, the frontier's k and n (`report.json` has every k); 95 % intervals."""
-        n, s = self.evaluation.num_samples, self.settings
-        ks = sorted({1, self.frontier_k, n})
+        evaluation, n, s = self.evaluation, self.evaluation.num_samples, self.settings
+        ks = sorted({1, evaluation.frontier_k, n})
         header = ["level", "problems", f"mean@{n}"] + [f"pass@{k}" for k in ks]
-        named = [(str(level), summary) for level, summary in self.evaluation.by_level.items()]
-        named += [("pooled", self.evaluation.pooled), ("frontier", self.frontier)]
+        named = [(str(level), summary) for level, summary in evaluation.by_level.items()]
+        named += [("pooled", evaluation.pooled), ("frontier", evaluation.frontier())]
         step = "" if s.get("step") is None else f" (checkpoint step {s['step']})"
-        levels = ", ".join(map(str, self.frontier_levels)) or "none"
+        levels = ", ".join(map(str, evaluation.frontier_levels())) or "none"
         lines = [
             f"# Chain-task evaluation: {s.get('policy') or '(unnamed policy)'}{step}",
             "",
@@ -265,7 +260,7 @@ class ChainReport:
             "",
             *markdown_table(header, [[name, *summary_cells(sm, ks)] for name, sm in named]),
             "",
-            f"Frontier levels (pass@{self.frontier_k} < {FRONTIER_PASS}): {levels}. "
+            f"Frontier levels (pass@{evaluation.frontier_k} < {FRONTIER_PASS}): {levels}. "
             f"Sampling and grading took {self.timing['total_s']:.1f} s.",
         ]
         return "\n".join(lines) + "\n"
@@ -284,11 +279,9 @@ def chain_report(
     progress: bool,
     sampler: Callable[..., Any] = generate,
 ) -> ChainReport:
-    """Evaluates a chain-task policy on its task's test split and writes the reports (module
-    docstring); `evaluate_policy` documents the arguments. Nothing is written until sampling is
-    done, and a folder holding a math evaluation's resume files is refused first. Several
-    processes (`jax.distributed` initialised) each evaluate the whole split (the same report:
-    the split is small and the keys fixed); process 0 alone writes."""
+    """Evaluates a chain-task policy on its task's test split and writes the reports, after
+    sampling and never into a math evaluation's folder (docs/evaluation.md; `evaluate_policy`
+    documents the arguments). Several processes each evaluate the split; process 0 writes."""
     out = Path(out_dir)
     for name in (SETTINGS_FILE, SAMPLES_FILE):
         if (out / name).exists():
@@ -319,14 +312,6 @@ def chain_report(
         model, rows, task_config, settings, progress=progress and runtime.is_primary(),
         sampler=sampler, on_batch=keep_completions if save_completions else None,
     )  # fmt: skip
-    k = min(FRONTIER_K, n)
-    levels = evaluation.frontier_levels(k)
-    frontier = None
-    if levels:
-        on_frontier = np.isin(evaluation.levels, levels)
-        _, frontier = summarize_counts(
-            evaluation.correct[on_frontier], n, evaluation.levels[on_frontier]
-        )
     report = ChainReport(
         settings={
             "policy": policy_name,
@@ -337,9 +322,6 @@ def chain_report(
             "task": dataclasses.asdict(task_config),
         },
         evaluation=evaluation,
-        frontier_k=k,
-        frontier_levels=levels,
-        frontier=frontier,
         problem_ids=[str(row["id"]) for row in rows],
         timing={"total_s": time.perf_counter() - tick},
     )

@@ -1,11 +1,6 @@
 """What the chain-task and the math evaluations share: the sampling settings, with each task's
-defaults, and one batch of problems x k samples through the sampler.
-
-Both evaluations sample batch b of a problem list with the KV-cache sampler
-(`sampling.generate`): `batch_size` problems, the last batch padded with the list's first
-problems so that every call has one compiled shape, `num_samples` slots per problem (slot r
-continues problem r // num_samples). They differ in how a completion is graded (exact match on the
-device; math-verify on the host) and in what they write.
+defaults, and one batch of problems x k samples through the KV-cache sampler (slot r continues
+problem r // k; the last batch padded with the first problems, so one shape compiles).
 """
 
 from __future__ import annotations

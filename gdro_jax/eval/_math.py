@@ -1,26 +1,15 @@
-"""Evaluation on math benchmarks: k samples per problem, math-verify grading, pass@k tables.
+"""Evaluation on math benchmarks: k samples per problem, math-verify grading, pass@k tables;
+resumable (docs/evaluation.md: shapes, long prompts, resuming, bins; docs/scaling.md: processes).
 
-`evaluate_math` samples every problem of every benchmark (`_harness.sample_batch`), decodes the
-completions, grades them with a `rewards.MathGrader` (last `\\boxed{}`, math-verify in worker
-processes with a per-item timeout) and reports mean@k and the unbiased pass@j per benchmark,
-pooled and per difficulty bin, with bootstrap intervals (`_math_report.py`); docs/evaluation.md
-says it for a user. Prompts are tokenized up front and padded to one length (the longest kept
-prompt, rounded up to `prompt_bucket`), so the sampler compiles once; a prompt over
-`max_prompt_tokens` is never truncated (that changes the question): skipped and counted, or it
-raises. Nothing is written before the whole request is checked.
-
-Resuming (`_math_files.py`): batch b of a benchmark always holds the same problems and samples
-with `fold_in(fold_in(key(seed), crc32(benchmark)), b)`, so a run resumed from `samples.jsonl`
-gives an uninterrupted one's samples (the padded length depends on the request and changes
-results only by floating-point rounding). Bins are not stored: other bins only rewrite the report.
-Several processes (`jax.distributed` initialised) each hold the policy and sample and grade the
-batches dealt to them round by round; process 0 alone reads and writes the folder, each round's
-batches in order, so the files are a single process's (up to the devices' rounding).
+`evaluate_math` tokenizes and checks the whole request before it writes anything, samples batch b
+of a benchmark (`_harness.sample_batch`) with `fold_in(fold_in(key(seed), crc32(benchmark)), b)`
+(so a resumed run draws an uninterrupted one's samples), grades with a `rewards.MathGrader` and
+summarises (`_math_report.py`); `_math_files.py` reads and writes the resume files. With several
+processes each samples and grades the batches dealt to it, and process 0 alone reads and writes.
 
 References:
   Panaganti et al., 2026 (arXiv 2601.19280): evaluation with 8 samples, T = 0.6, top-p 0.8,
   top-k 20, mean@8 and pass@8.
-  Chen et al., 2021 (arXiv 2107.03374): the unbiased pass@k estimator.
 
 Over 350 lines on purpose: sampling, grading and the resumable per-problem files share one loop.
 """
@@ -77,15 +66,10 @@ def load_bins(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def _bin_value(raw: Any, where: str) -> int | None:
-    if raw is None:
-        return None
-    if isinstance(raw, bool):
-        raise ValueError(f"{where}: a bin must be an integer, got {raw!r}")
-    if isinstance(raw, int):
+    if raw is None or (isinstance(raw, int) and not isinstance(raw, bool)):
         return raw
-    if isinstance(raw, float) and raw.is_integer():
-        return int(raw)
-    if isinstance(raw, str) and raw.strip().lstrip("-").isdigit():
+    whole_float = isinstance(raw, float) and raw.is_integer()
+    if whole_float or (isinstance(raw, str) and raw.strip().lstrip("-").isdigit()):
         return int(raw)
     raise ValueError(f"{where}: a bin must be an integer, got {raw!r}")
 
@@ -207,33 +191,30 @@ def evaluate_math(
       tokenizer: its transformers tokenizer (encodes prompts, decodes completions; its
         `eos_token_id` joins `model.config.eos_token_ids` as stop ids).
       benchmarks: benchmark name -> rows `{"id", "prompt", "answer", ...}` with formatted
-        prompts (e.g. `data.load_preset(name, tokenizer=tokenizer)`); ids unique per benchmark.
+        prompts (`data.load_preset(name, tokenizer=tokenizer)`); ids unique per benchmark.
       grader: a `rewards.MathGrader` (started once by the caller, reused across calls).
-      out_dir: the output folder (created; holds the resume files and the reports).
+      out_dir: the output folder (created): the resume files and the reports.
       settings: the sampling settings (`EvalSettings`; None: the paper's defaults).
       policy_name: recorded with the settings, so resuming with another policy fails.
       bins: optional mapping problem id -> integer bin (`load_bins`); replaces `bin_field`.
       bin_field: the row field holding the bin when `bins` is None (None: no bins).
-      on_long_prompt: `"skip"` (count and report) or `"raise"` for prompts over
-        `settings.max_prompt_tokens` tokens.
-      add_special_tokens: passed to the tokenizer when encoding prompts (False for chat-templated
-        prompts, which carry their special tokens as text).
+      on_long_prompt: `"skip"` (counted) or `"raise"` for prompts over `max_prompt_tokens`.
+      add_special_tokens: passed to the tokenizer (False for chat-templated prompts).
       num_resamples, confidence: bootstrap settings (`summarize_counts`; seed 0).
-      save_completions: write `completions.jsonl` (module docstring); it does not change the
-        samples, so a resumed run may switch it (the file then covers some problems only).
+      save_completions: write `completions.jsonl` (a resumed run may switch it: the samples
+        stay the same, and the file covers some problems only).
       progress: show a tqdm bar over problems.
       sampler: called like `sampling.generate`, returning `.tokens` [R, M] and `.lengths` [R]
         (and optionally `.finish_reasons`); tests pass fakes.
       on_batch_done: called with (benchmark, batch index) after each batch is written.
 
     Returns:
-      `MathEvaluation`; `report.json` and `report.md` are written to `out_dir`. In a run of
-      several processes (module docstring) process 0 returns it and the others None.
+      `MathEvaluation`, also written to `report.json` and `report.md` (process 0's; the other
+      processes return None).
 
     Raises:
-      ValueError: for bad arguments, a prompt the tokenizer cannot encode, a prompt over the
-        limit with `on_long_prompt="raise"`, a setting or prompt that differs from the stored
-        samples', duplicate ids, or bad bins; all before anything is written to `out_dir`.
+      ValueError: naming the cause (an argument, a prompt, a bin, a setting or prompt that
+        differs from the stored samples'), before anything is written to `out_dir`.
     """
     if on_long_prompt not in ("skip", "raise"):
         raise ValueError(f"on_long_prompt must be 'skip' or 'raise', got {on_long_prompt!r}")

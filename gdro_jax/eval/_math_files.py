@@ -1,20 +1,6 @@
-"""The math evaluation's output folder: `settings.json`, `samples.jsonl` and `completions.jsonl`.
-
-Reading and checking never write: `evaluate_math` reads the stored settings and samples, checks
-them against the request, and only then creates the folder, writes the settings and repairs a
-torn last line (`read_records` returns the repair as a function to call later). So a run that is
-refused leaves the folder as it was, and a rerun starts cleanly.
-
-- `settings.json`: the sampling settings and the policy's name. It binds only while samples exist:
-  a folder without finished problems (a start that failed before its first batch) takes the new
-  settings.
-- `samples.jsonl`: one line per finished problem (id, prompt hash, scores, statuses, lengths, c,
-  n), appended as each batch is graded.
-- `completions.jsonl`: one line per finished problem with what a person needs to read the
-  verdicts: the problem, the prompt, the gold answer, and each completion's text, extracted
-  answer, status, score, length and truncation. Written just before the problem's `samples.jsonl`
-  line, so every finished problem has one; on resume, lines of unfinished problems (a batch
-  interrupted between the two writes) and torn lines are dropped.
+"""The math evaluation's resume files: `settings.json`, `samples.jsonl` and `completions.jsonl`
+(docs/evaluation.md, "Resuming"). Reading and checking never write: `read_records` returns the
+repair of a torn last line as a function, called once the run is accepted.
 """
 
 from __future__ import annotations

@@ -1,16 +1,5 @@
-"""Offline pass@k statistics: the unbiased estimator, mean@k, and bootstrap intervals by group.
-
-`pass_at_k(n, c, k)` is the unbiased estimator of the chance that at least one of `k` samples is
-correct, given `c` correct out of `n` drawn: `1 - C(n-c, k) / C(n, k)`. It is what every pass@k in
-this project reports. The tempting alternatives are biased: "any of the n correct" (`1[c > 0]`)
-overstates pass@k for `k < n`, and a bootstrap "best@k" (resample `k` of the `n` samples with
-replacement, score 1 if any is correct) understates it, since resampling repeats samples: at
-`n = 4, c = 1, k = 4` it gives `1 - (3/4)^4 = 0.68`, while every size-4 subset of the four samples
-contains the correct one, so pass@4 is exactly 1.
-
-`summarize_counts` turns per-problem counts into per-group (e.g. per level) and pooled mean@n and
-pass@k for every `k <= n`, with percentile bootstrap intervals over problems (the intervals say
-how much the numbers would move with another draw of problems of the same levels).
+"""Offline pass@k statistics: the unbiased estimator (docs/evaluation.md, "pass@k", says why
+not the tempting alternatives), mean@k, bootstrap intervals by group, and the reports' cells.
 
 References:
   Chen et al., "Evaluating Large Language Models Trained on Code", 2021 (arXiv 2107.03374),
@@ -81,9 +70,6 @@ def pass_at_k(n: ArrayLike, c: ArrayLike, k: ArrayLike) -> np.ndarray:
     Raises:
       ValueError: naming the argument, for non-integers, negatives, `c > n`, `k < 1`, or shapes
         that do not broadcast.
-
-    References:
-      Chen et al., 2021 (arXiv 2107.03374), eq. 1.
     """
     n_, c_, k_ = _checked(n, c, k)
     fail = np.ones(n_.shape, np.float64)

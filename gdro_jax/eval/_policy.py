@@ -1,19 +1,8 @@
-"""A policy to evaluate, found from a path, with the task it was trained for.
-
-A path names:
-
-- a training work directory (`checkpoints/`, `config.json`): its newest usable checkpoint, the
-  policy alone (`checkpoint.restore_policy`: on one device, whatever mesh it trained on; no task,
-  data, grader or optimizer is built), or its exported `model/` when several processes evaluate
-  it;
-- its `model/` folder (an HF folder whose parent holds the run's `config.json`), or the `model/`
-  folder of a warm start (whose parent holds `pretrain.json`); a finished run's folder without
-  checkpoints is read through its `model/`;
-- any other HF folder (`config.json`, `*.safetensors`, tokenizer files): a math policy.
-
-The saved run config decides the task (`task_kind`, default "chain"). An HF folder with the chain
-task's tokenizer but no run config beside it is refused: its test split cannot be rebuilt, and
-math prompts do not encode in its 18 symbols.
+"""A saved policy (`open_policy`) and its evaluation on the task it was trained for
+(`evaluate_policy`, `experiments/evaluate.py` as a function). docs/evaluation.md says which
+folders are policies and how their task is found; docs/scaling.md, how several processes share
+the work. Every check (arguments, policy, tokenizer, benchmark files, prompts) comes before
+anything is written to the output folder.
 """
 
 from __future__ import annotations
@@ -22,12 +11,18 @@ import dataclasses
 import json
 import logging
 import os
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from gdro_jax import checkpoint, configs, models, tasks
+from gdro_jax import checkpoint, configs, data, models, rewards, tasks
+from gdro_jax.eval._chain import ChainReport, chain_report
+from gdro_jax.eval._harness import CHAIN_FIELDS, EvalSettings, check_int
+from gdro_jax.eval._math import evaluate_math, load_bins
+from gdro_jax.eval._math_report import MathEvaluation
+from gdro_jax.sampling import generate
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 DTYPES = ("auto", "float32", "bfloat16")
@@ -35,12 +30,8 @@ RUN_CONFIG_FILES = ("config.json", "pretrain.json")
 
 
 def resolve_dtype(dtype: str) -> str:
-    """`"auto"` -> float32 on CPU, bfloat16 on accelerators; other names pass through.
-
-    On CPU bfloat16 is emulated and rounds differently from a float32 reference: greedy MATH500
-    completions of a pretrained model differed from transformers' on 9 of 16 problems in
-    bfloat16 and matched on all 16 in float32.
-    """
+    """`"auto"` -> float32 on CPU (docs/evaluation.md: bfloat16 is emulated there and rounds
+    differently), bfloat16 on accelerators; other names pass through."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got dtype={dtype!r}")
     if dtype != "auto":
@@ -91,17 +82,14 @@ def _find_run_config(folder: str | os.PathLike) -> dict[str, Any] | None:
     return None
 
 
-def _is_chain_tokenizer(tokenizer) -> bool:
-    try:
-        return set(tokenizer.get_vocab()) == set(tasks.VOCAB)
-    except (AttributeError, TypeError):
-        return False
-
-
 def _task_kind(run_config: dict | None, tokenizer, path: str) -> str:
     if run_config is not None:
         return configs.task_kind(run_config)
-    if _is_chain_tokenizer(tokenizer):
+    try:
+        chain_vocabulary = set(tokenizer.get_vocab()) == set(tasks.VOCAB)
+    except (AttributeError, TypeError):
+        chain_vocabulary = False
+    if chain_vocabulary:
         raise ValueError(
             f"policy={path!r} has the chain task's {tasks.VOCAB_SIZE}-symbol tokenizer but no run "
             f"config beside it ({' or '.join(RUN_CONFIG_FILES)} in its parent folder), so its "
@@ -169,7 +157,7 @@ def _load(path, dtype: str):
 
 
 def open_policy(path: str | os.PathLike, *, dtype: str = "auto") -> Policy:
-    """Loads a policy and finds the task it was trained for (module docstring).
+    """Loads a policy and finds the task it was trained for (docs/evaluation.md).
 
     Args:
       path: a training work directory, its `model/` folder, or an HF model folder.
@@ -192,3 +180,107 @@ def open_policy(path: str | os.PathLike, *, dtype: str = "auto") -> Policy:
             f"{tasks.VOCAB_SIZE} symbols, but the model has vocab_size={model.config.vocab_size}"
         )
     return Policy(model, tokenizer, kind, run_config, path, step)
+
+
+def evaluate_policy(
+    policy: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    benchmarks: Sequence[str] | None = None,
+    sampling: Mapping[str, Any] | None = None,
+    limit: int | None = None,
+    dtype: str = "auto",
+    save_completions: bool = True,
+    data_dir: str | None = None,
+    num_workers: int = 2,
+    grader_timeout_s: float = 5.0,
+    bins_from: str | None = None,
+    bin_field: str = "level",
+    chat_template: bool = True,
+    on_long_prompt: str = "skip",
+    progress: bool = True,
+    sampler: Callable[..., Any] = generate,
+) -> MathEvaluation | ChainReport:
+    """Evaluates a policy on the task it was trained for (docs/evaluation.md).
+
+    Args:
+      policy: a training work directory, its `model/` folder, or an HF model folder.
+      out_dir: the output folder: the reports, the completions, a math policy's resume files.
+      benchmarks: math benchmark names (None: all of `data.BENCHMARKS`).
+      sampling: `EvalSettings` fields to change over the task's defaults (`EvalSettings.of`);
+        `max_new_tokens`, `max_prompt_tokens` and `prompt_bucket` apply to math policies only.
+      limit: only the first `limit` problems of each benchmark (math) or test level (chain).
+      dtype: parameter dtype of an HF folder's weights (`resolve_dtype`); a checkpoint keeps
+        the run's dtype.
+      save_completions: write `completions.jsonl` (each completion's text and verdict).
+      data_dir, num_workers, grader_timeout_s, bins_from, bin_field, chat_template,
+        on_long_prompt: math only: the benchmark files' folder (default: `$GDRO_DATA_DIR`, else
+        `../shared/data`), the grader's workers and per-answer limit, a JSON file of problem
+        id -> bin (`load_bins`; else each row's `bin_field`), the chat template when the
+        tokenizer has one, and "skip" (counted) or "raise" for prompts over the limit.
+      progress: show progress bars.
+      sampler: called like `sampling.generate` (tests pass fakes).
+
+    Returns:
+      A `ChainReport` (chain task) or a `MathEvaluation` (math); both have `to_markdown()`.
+
+    Raises:
+      ValueError or FileNotFoundError: naming the argument, before anything is written.
+    """
+    for name in benchmarks or ():
+        if name not in data.PRESETS:
+            raise ValueError(
+                f"unknown benchmark {name!r}; known: {', '.join(data.BENCHMARKS)}; got "
+                f"benchmarks={','.join(benchmarks)}"
+            )
+    sampling = dict(sampling or {})
+    known = {f.name for f in dataclasses.fields(EvalSettings)}
+    if unknown := sorted(set(sampling) - known):
+        raise ValueError(f"unknown sampling setting {unknown[0]!r}; known: {sorted(known)}")
+    settings = EvalSettings.of("math", **sampling)  # checks the values before anything loads
+    if limit is not None:
+        check_int("limit", limit, minimum=1)
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise ValueError(f"out_dir must be a folder, got out_dir={os.fspath(out_dir)!r} (a file)")
+    loaded = open_policy(policy, dtype=dtype)
+    if loaded.task_kind == "math":
+        tokenizer = loaded.tokenizer
+        templated = chat_template and bool(getattr(tokenizer, "chat_template", None))
+        rows = {
+            name: data.load_preset(name, data_dir, tokenizer=tokenizer if templated else None)[
+                :limit
+            ]
+            for name in benchmarks or data.BENCHMARKS
+        }
+        bins = load_bins(bins_from) if bins_from else None
+        with rewards.MathGrader(num_workers, grader_timeout_s) as grader:
+            return evaluate_math(
+                loaded.model, tokenizer, rows,
+                grader=grader, out_dir=out_dir, settings=settings, policy_name=loaded.path,
+                bins=bins, bin_field=bin_field, on_long_prompt=on_long_prompt,
+                # Chat-templated prompts carry their special tokens as text.
+                add_special_tokens=not templated, save_completions=save_completions,
+                progress=progress, sampler=sampler,
+            )  # fmt: skip
+    for name, value in (("benchmarks", ",".join(benchmarks or ())), ("bins_from", bins_from)):
+        if value:
+            raise ValueError(
+                f"{name} applies to math policies; policy={loaded.path!r} is a chain-task "
+                f"policy (evaluated on its test split): drop {name}={value}"
+            )
+    for name in sorted(set(sampling) - set(CHAIN_FIELDS)):
+        raise ValueError(
+            f"{name} applies to math policies; a chain-task completion gets its task's "
+            f"longest solution: drop {name}={sampling[name]!r}"
+        )
+    try:
+        task_config = configs.chain_task_config(loaded.run_config)
+    except ValueError as error:
+        raise ValueError(
+            f"policy={loaded.path!r}: its run config has no valid task block ({error})"
+        ) from error
+    return chain_report(
+        loaded.model, task_config, out_dir, EvalSettings.of("chain", **sampling),
+        policy_name=loaded.path, step=loaded.step, limit=limit,
+        save_completions=save_completions, progress=progress, sampler=sampler,
+    )  # fmt: skip
