@@ -13,6 +13,7 @@
 """
 
 from gdro_jax.configs._parts import (
+    ControllerSettings,
     OptimizerConfig,
     build_controllers,
     make_optimizer,
@@ -66,6 +67,7 @@ def pretrain_config():
 
 
 __all__ = [
+    "ControllerSettings",
     "RUN_LEVEL_ARGUMENTS",
     "RESUMABLE_FIELDS",
     "TASK_KINDS",

@@ -10,7 +10,6 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
-import ml_collections
 import optax
 from flax import nnx
 
@@ -26,33 +25,75 @@ def _named(block: str, factory, *args, **kwargs):
         raise ValueError(f"config.{block}.{error}") from None
 
 
+@dataclasses.dataclass(frozen=True)
+class ControllerSettings:
+    """The controllers of a run, read off its config: `config.method`'s record, the classifier's
+    block and the block of each part the method names (what `build_controllers` builds from).
+
+    Attributes:
+      method: the method's record (`controllers.METHODS`).
+      classifier: `passk_classifier`'s keyword arguments (`config.classifier` but `bins_from`).
+      bins_from: where a prompt's bin comes from (`multi_adversary`'s argument).
+      parts: each part's name -> its block's keyword arguments.
+      n_mean: rollouts per prompt on average.
+      num_prompts: N, prompts per step (a group filter's groups).
+      reward_values: (wrong, correct) rewards (the Bernoulli proxies scale with their range).
+    """
+
+    method: controllers.Method
+    classifier: Mapping[str, Any]
+    bins_from: str
+    parts: Mapping[str, Mapping[str, Any]]
+    n_mean: int
+    num_prompts: int
+    reward_values: tuple[float, float]
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> ControllerSettings:
+        """The controller blocks of a (completed) run config; a ValueError names `config.method`."""
+        try:
+            method = controllers.get_method(config["method"])
+        except ValueError as error:
+            raise ValueError(f"config.{error}") from None
+        classifier = _block(config["classifier"])
+        return cls(
+            method=method,
+            classifier=classifier,
+            bins_from=classifier.pop("bins_from", "prompt"),
+            parts={name: _block(config[name]) for name in method.parts().values()},
+            n_mean=config["n_mean"],
+            num_prompts=config["num_prompts"],
+            reward_values=tuple(config["reward_values"]),
+        )
+
+
+def _block(block) -> dict[str, Any]:
+    return block.to_dict() if hasattr(block, "to_dict") else dict(block)
+
+
 def _part(
-    name: str,
-    factory,
-    config: ml_collections.ConfigDict,
-    num_bins: int,
-    num_dataset_prompts: int,
-    num_groups: int | None = None,
+    decision: str, name: str, settings: ControllerSettings, num_bins: int, num_dataset_prompts: int
 ):
-    """A method's part from its config block, with the run-level arguments its factory takes
+    """A method's part from its block, with the run-level arguments its factory takes
     (`num_prompts`: the dataset's prompts a part keeps a history of; `num_bins`; `n_mean`;
-    `reward_values`: the Bernoulli proxies scale with the reward's range; a group filter's
-    `num_groups`: the step's N)."""
+    `reward_values`: the Bernoulli proxies scale with the reward's range; `num_groups`: a group
+    filter's, the step's N)."""
+    factory = controllers.PARTS[decision][name]
     run_level = {
         "num_prompts": num_dataset_prompts,
         "num_bins": num_bins,
-        "n_mean": config.n_mean,
-        "reward_values": tuple(config.reward_values),
-        "num_groups": num_groups,
+        "n_mean": settings.n_mean,
+        "reward_values": settings.reward_values,
+        "num_groups": settings.num_prompts,
     }
     assert tuple(run_level) == RUN_LEVEL_ARGUMENTS  # the schema leaves these out of the blocks
     accepted = inspect.signature(factory).parameters
     given = {k: v for k, v in run_level.items() if k in accepted}
-    return _named(name, factory, **given, **config[name].to_dict())
+    return _named(name, factory, **given, **settings.parts[name])
 
 
 def build_controllers(
-    config: ml_collections.ConfigDict, num_dataset_prompts: int
+    settings: ControllerSettings | Mapping[str, Any], num_dataset_prompts: int
 ) -> controllers.MultiAdversary:
     """The classifier and the parts `config.method`'s record names, composed.
 
@@ -61,8 +102,8 @@ def build_controllers(
     composes them through their protocols.
 
     Args:
-      config: a run config (`method`, `n_mean`, `num_prompts`, `reward_values`, `classifier` and
-        each part's block).
+      settings: the run's `ControllerSettings` (`RunSettings.controllers`), or a run config
+        (`method`, `n_mean`, `num_prompts`, `reward_values`, `classifier` and each part's block).
       num_dataset_prompts: D, the prompts the classifier tracks.
 
     Returns:
@@ -74,22 +115,15 @@ def build_controllers(
       ValueError: naming `config.method`, or the controller field (`config.classifier.edges`,
         `config.rollout_gdro.n_min`, ...) whose value the factory refuses.
     """
-    try:
-        method = controllers.get_method(config.method)
-    except ValueError as error:
-        raise ValueError(f"config.{error}") from None
-    classifier_kwargs = config.classifier.to_dict()
-    bins_from = classifier_kwargs.pop("bins_from", "prompt")  # read by `multi_adversary`
+    if not isinstance(settings, ControllerSettings):
+        settings = ControllerSettings.from_config(settings)
     classifier = _named(
-        "classifier", controllers.passk_classifier, num_dataset_prompts, **classifier_kwargs
+        "classifier", controllers.passk_classifier, num_dataset_prompts, **settings.classifier
     )
     parts = {
-        decision: _part(
-            name, controllers.PARTS[decision][name], config, classifier.num_bins,
-            num_dataset_prompts, config.num_prompts if decision == "group_filter" else None,
-        )
-        for decision, name in method.parts().items()
-    }  # fmt: skip
+        decision: _part(decision, name, settings, classifier.num_bins, num_dataset_prompts)
+        for decision, name in settings.method.parts().items()
+    }
     try:
         return controllers.multi_adversary(
             classifier,
@@ -97,14 +131,14 @@ def build_controllers(
             parts.get("rollout_allocation"),
             sampler=parts.get("prompt_sampler"),
             group_filter=parts.get("group_filter"),
-            n_mean=config.n_mean,
-            bins_from=bins_from,
-            num_prompts=config.num_prompts,
+            n_mean=settings.n_mean,
+            bins_from=settings.bins_from,
+            num_prompts=settings.num_prompts,
         )
     except ValueError as error:
         if str(error).startswith("bins_from"):  # the one field it reads from config.classifier
             raise ValueError(f"config.classifier.{error}") from None
-        raise ValueError(f"config.method={method.name!r}: {error}") from None
+        raise ValueError(f"config.method={settings.method.name!r}: {error}") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,17 +270,21 @@ def step_program(
       settings: the run's `RunSettings`.
       mesh: the run's mesh (`run_mesh`), or None.
       prompt_width: P, the pool's padded prompt length.
-      num_dataset_prompts: D, the prompts the controllers keep a history of.
+      num_dataset_prompts: D, the prompts the controllers keep a history of: the settings'
+        decisions, built when the config was read, serve when their pool is this one (the chain
+        task's); else (a math pool, known once read) they are built here.
       eos_ids: the task's stop ids.
       external_engine: an engine passed to `build_run` samples (also set when
         `config.rollout.engine` is not the built-in kv_cache).
     """
-    policy = policy_config(settings.config)
-    graphdef = nnx.split(models.abstract_decoder(policy, mesh=mesh), nnx.Param)[0]
+    graphdef = nnx.split(models.abstract_decoder(settings.policy, mesh=mesh), nnx.Param)[0]
+    decisions = settings.decisions
+    if decisions is None or settings.pool_size != num_dataset_prompts:
+        decisions = build_controllers(settings.controllers, num_dataset_prompts)
     return step.StepProgram(
         graphdef=graphdef,
         tx=make_optimizer(settings.optimizer),
-        decisions=build_controllers(settings.config, num_dataset_prompts),
+        decisions=decisions,
         grpo=settings.grpo,
         num_prompts=settings.num_prompts,
         prompt_width=prompt_width,

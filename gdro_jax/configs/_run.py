@@ -20,9 +20,11 @@ import ml_collections
 
 from gdro_jax import controllers, models, step, tasks
 from gdro_jax.configs._parts import (
+    ControllerSettings,
     OptimizerConfig,
     build_controllers,
     make_optimizer,
+    policy_config,
 )
 from gdro_jax.configs._schema import check_known, complete, is_block, run_schema
 from gdro_jax.step import GRPOConfig
@@ -50,6 +52,12 @@ class RunSettings:
 
     config: ml_collections.ConfigDict
     method: controllers.Method
+    controllers: ControllerSettings  # the method, the classifier's and the parts' blocks
+    # The method's composed decisions over the pool the config fixes (the chain task's
+    # `pool_size` prompts), built once here; None for a math pool, known once it is read.
+    decisions: controllers.MultiAdversary | None
+    pool_size: int | None  # D of `decisions`
+    policy: models.DecoderConfig  # the policy's architecture (`init_from`'s, or `model`)
     steps: int
     seed: int
     progress: bool
@@ -309,12 +317,9 @@ def read_run_config(
     _positive_int(config.max_new_tokens, "config.max_new_tokens")
     if isinstance(config.steps, bool) or not isinstance(config.steps, int) or config.steps < 0:
         raise ValueError(f"config.steps must be an int >= 0, got config.steps={config.steps!r}")
-    try:
-        method = controllers.get_method(config.method)
-    except ValueError as error:
-        raise ValueError(f"config.{error}") from None
+    controller_settings = ControllerSettings.from_config(config)
+    method = controller_settings.method
     _rollout_budget(config, method)
-    build_controllers(config, num_dataset_prompts=num_prompts)  # the factories check their fields
     if config.model.param_dtype != "float32":
         raise ValueError(
             "config.model.param_dtype must be float32 (the master weights the optimizer updates: "
@@ -335,6 +340,10 @@ def read_run_config(
         math_task = _built("math", tasks.MathTaskConfig, config.math.to_dict())
     if kind == "math":
         tokenizer_folder(config)
+    # The factories check their fields. A math pool's size is known once the data is read: its
+    # decisions are built then (by `step_program`), these only checked.
+    pool_size = chain.pool_size if chain is not None else None
+    decisions = build_controllers(controller_settings, pool_size or num_prompts)
     model = None
     if not config.init_from:
         model = _built("model", models.DecoderConfig.from_dict, {"fields": config.model.to_dict()})
@@ -343,6 +352,10 @@ def read_run_config(
     return RunSettings(
         config=config,
         method=method,
+        controllers=controller_settings,
+        decisions=decisions if pool_size is not None else None,
+        pool_size=pool_size,
+        policy=policy_config(config),
         steps=config.steps,
         seed=config.seed,
         progress=bool(config.progress),

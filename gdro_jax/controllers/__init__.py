@@ -20,8 +20,9 @@ and replicated leaves of a sharded train state.
 This package imports jax, chex and numpy only (no other gdro_jax package), so the controllers
 can be reused in any JAX training loop, as optax's transformations are.
 
-Observations are keyword-only everywhere (`num_correct=`, `num_rollouts=`, `losses=`), typed
-by the `...Update` Protocols, as optax types `GradientTransformation`.
+Observations are keyword-only everywhere (`num_correct=`, `num_rollouts=`, `losses=`), typed by
+the decisions' Protocols (and the classifier's `ClassifierUpdate`, the composition's
+`AdversaryUpdate`), as optax types `GradientTransformation`.
 """
 
 from gdro_jax.controllers._allocation import (
@@ -58,7 +59,6 @@ from gdro_jax.controllers._methods import (
     PROTOCOLS,
     Method,
     get_method,
-    method_adversaries,
 )
 from gdro_jax.controllers._mopps import MoPPS, MoPPSDraw, MoPPSState, mopps
 from gdro_jax.controllers._passk import (
@@ -73,8 +73,6 @@ from gdro_jax.controllers._passk import (
 from gdro_jax.controllers._prompt_gdro import (
     PromptGDRO,
     PromptGDROState,
-    PromptGDROUpdate,
-    PromptGDROWeights,
     prompt_gdro,
 )
 from gdro_jax.controllers._protocols import (
@@ -89,7 +87,6 @@ from gdro_jax.controllers._rollout_gdro import (
     AllocationInfo,
     RolloutGDRO,
     RolloutGDROState,
-    RolloutGDROUpdate,
     rollout_gdro,
 )
 
@@ -127,11 +124,8 @@ __all__ = [
     "Plan",
     "PromptGDRO",
     "PromptGDROState",
-    "PromptGDROUpdate",
-    "PromptGDROWeights",
     "RolloutGDRO",
     "RolloutGDROState",
-    "RolloutGDROUpdate",
     "arms_allocation",
     "continuous_allocation",
     "dynamic_sampling",
@@ -139,7 +133,6 @@ __all__ = [
     "integer_allocation",
     "knapsack",
     "knapsack_value",
-    "method_adversaries",
     "mopps",
     "multi_adversary",
     "passk_classifier",

@@ -119,9 +119,3 @@ def get_method(name: str) -> Method:
     if name not in METHODS:
         raise ValueError(f"method must be one of {tuple(METHODS)}, got method={name!r}")
     return METHODS[name]
-
-
-def method_adversaries(method: str) -> tuple[bool, bool]:
-    """`(prompt adversary on, rollout allocation on)` of one of `METHODS`."""
-    record = get_method(method)
-    return record.prompt_adversary is not None, record.rollout_allocation is not None

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -43,40 +43,15 @@ class PromptGDROState(NamedTuple):
     step: jax.Array  # [] int32 number of updates applied
 
 
-class PromptGDROUpdate(Protocol):
-    """`update(state, bins, *, losses, importance=None, valid=None) -> PromptGDROState`."""
-
-    def __call__(
-        self,
-        state: PromptGDROState,
-        bins: ArrayLike,
-        *,
-        losses: ArrayLike,
-        importance: ArrayLike | None = None,
-        valid: ArrayLike | None = None,
-    ) -> PromptGDROState: ...
-
-
-class PromptGDROWeights(Protocol):
-    """`weights(state, bins, *, num_rollouts=None, valid=None) -> [N] float32` multipliers."""
-
-    def __call__(
-        self,
-        state: PromptGDROState,
-        bins: ArrayLike,
-        *,
-        num_rollouts: ArrayLike | None = None,
-        valid: ArrayLike | None = None,
-    ) -> jax.Array: ...
-
-
 class PromptGDRO(NamedTuple):
     """Pure functions of the Prompt-GDRO adversary (see `prompt_gdro`)."""
 
     init: Callable[[], PromptGDROState]
     distribution: Callable[[PromptGDROState, ArrayLike], jax.Array]  # (state, present_B) -> q_B
-    weights: PromptGDROWeights
-    update: PromptGDROUpdate
+    # (state, bins, *, num_rollouts=None, valid=None) -> [N] float32 advantage multipliers
+    weights: Callable[..., jax.Array]
+    # (state, bins, *, losses, importance=None, valid=None) -> PromptGDROState
+    update: Callable[..., PromptGDROState]
     bin_losses: Callable[..., tuple[jax.Array, jax.Array]]
     num_bins: int
     realisation: str = "reweight"  # how q reaches the update: "reweight" or "resample" (SPEC 4)

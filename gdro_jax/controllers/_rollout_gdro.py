@@ -23,7 +23,7 @@ References:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -57,32 +57,16 @@ class AllocationInfo(NamedTuple):
     success_rate: None = None  # by bin: no estimate of its own per prompt (`Allocation`)
 
 
-class RolloutGDROUpdate(Protocol):
-    """``update(state, bins, *, p_hat=None, losses=None, num_correct=None, num_rollouts=None,
-    valid=None, prompt_ids=None) -> RolloutGDROState``; which observations are needed depends on
-    the proxy (`prompt_ids`, which an allocation by prompt needs, is not used)."""
-
-    def __call__(
-        self,
-        state: RolloutGDROState,
-        bins: jax.typing.ArrayLike,
-        *,
-        p_hat: jax.typing.ArrayLike | None = None,
-        losses: jax.typing.ArrayLike | None = None,
-        num_correct: jax.typing.ArrayLike | None = None,
-        num_rollouts: jax.typing.ArrayLike | None = None,
-        valid: jax.typing.ArrayLike | None = None,
-        prompt_ids: jax.typing.ArrayLike | None = None,
-    ) -> RolloutGDROState: ...
-
-
 class RolloutGDRO(NamedTuple):
     """Rollout-GDRO as pure functions; build it with :func:`rollout_gdro`."""
 
     init: Callable[[], RolloutGDROState]
     # (state, bins, p_hat=None, key=None) -> (n_N int32, AllocationInfo)
     allocate: Callable[..., tuple[jax.Array, AllocationInfo]]
-    update: RolloutGDROUpdate
+    # (state, bins, *, p_hat=None, losses=None, num_correct=None, num_rollouts=None,
+    # valid=None, prompt_ids=None) -> RolloutGDROState; which observations are needed depends
+    # on the proxy (the `RolloutAllocator` protocol)
+    update: Callable[..., RolloutGDROState]
     num_bins: int
     n_min: int
     n_max: int

@@ -78,7 +78,7 @@ class Planner:
         program: step.StepProgram | None = None,
     ):
         self.settings, self.mesh = settings, mesh
-        self.model_config = configs.policy_config(settings.config)
+        self.model_config = settings.policy
         self.num_prompts = settings.num_prompts
         self.num_slots = settings.num_slots
         self.grpo_config = settings.grpo
@@ -96,9 +96,8 @@ class Planner:
         self.parameter_bytes = models.memory_footprint(
             self.model_config, data=data, fsdp=fsdp, tensor=tensor
         ).param_bytes_per_device
-        self.opt_state = program.abstract_state(self._policy()[1]).opt_state
-        self.gdro_state = _abstract(jax.eval_shape(program.decisions.init), self.replicated)
-        self.key = _abstract(jax.eval_shape(lambda: jax.random.key(0)), self.replicated)
+        state = program.abstract_state(self._policy()[1])
+        self.opt_state, self.gdro_state, self.key = state.opt_state, state.gdro, state.key
         self.prompt_ids = jax.ShapeDtypeStruct(
             (self.num_prompts,), jnp.int32, sharding=self.replicated
         )

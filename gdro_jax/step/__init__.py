@@ -42,7 +42,7 @@ from gdro_jax.step._rewards import (
     device_reward_phase,
     host_reward_phase,
 )
-from gdro_jax.step._state import TrainState, init_train_state, state_shardings
+from gdro_jax.step._state import TrainState, init_train_state
 from gdro_jax.step._update import GRPOConfig, make_update, minibatch_step, rollout_groups
 from gdro_jax.step._vllm import (
     MissingExtraError,
@@ -83,7 +83,6 @@ __all__ = [
     "rollout_groups",
     "rollout_phase",
     "sample_rollouts",
-    "state_shardings",
     "step_metrics",
     "trainer_logprobs",
 ]

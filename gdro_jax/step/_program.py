@@ -36,7 +36,7 @@ from gdro_jax.step._engines import (
     rollout_phase,
     trainer_logprobs,
 )
-from gdro_jax.step._state import TrainState, init_train_state
+from gdro_jax.step._state import TrainState, init_train_state, optimizer_shardings
 from gdro_jax.step._update import GRPOConfig, make_update, rollout_groups
 
 
@@ -142,14 +142,10 @@ class StepProgram:
                 lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding), tree
             )
 
-        shardings = jax.tree.map(lambda leaf: leaf.sharding, params)
-        opt_state = optax.tree_map_params(
-            self.tx,
+        opt_state = jax.tree.map(
             lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
             jax.eval_shape(self.tx.init, params),
-            shardings,
-            transform_non_params=placed,
-            is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct),
+            optimizer_shardings(self.tx, params, replicated),
         )
         group_filter = self.decisions.group_filter
         int32 = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)

@@ -91,24 +91,25 @@ def init_train_state(
     return graphdef, state
 
 
-def _init_optimizer(tx: optax.GradientTransformation, params: nnx.State, mesh: Mesh | None):
-    """The optimizer state, created on its shards: each moment like its parameter (AdamW's mu
-    and nu are as large as the parameters), the rest (the step count) replicated."""
-    if mesh is None:
-        return jax.jit(tx.init)(params)
-    param_shardings = jax.tree.map(lambda leaf: leaf.sharding, params)
-    replicated = NamedSharding(mesh, P())
-    shardings = optax.tree_map_params(
+def optimizer_shardings(
+    tx: optax.GradientTransformation, params: nnx.State, replicated: jax.sharding.Sharding
+):
+    """Where each leaf of `tx.init(params)` goes: each moment like its parameter (AdamW's mu and
+    nu are as large as the parameters), the rest (the step count) on `replicated`. `params` may
+    be arrays or ShapeDtypeStructs with shardings."""
+    return optax.tree_map_params(
         tx,
         lambda _, sharding: sharding,
         jax.eval_shape(tx.init, params),
-        param_shardings,
+        jax.tree.map(lambda leaf: leaf.sharding, params),
         transform_non_params=lambda _: replicated,
         is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct),
     )
+
+
+def _init_optimizer(tx: optax.GradientTransformation, params: nnx.State, mesh: Mesh | None):
+    """The optimizer state, created on its shards (`optimizer_shardings`)."""
+    if mesh is None:
+        return jax.jit(tx.init)(params)
+    shardings = optimizer_shardings(tx, params, NamedSharding(mesh, P()))
     return jax.jit(tx.init, out_shardings=shardings)(params)
-
-
-def state_shardings(state: TrainState):
-    """The sharding of every leaf of a placed `state` (for jit's in/out shardings)."""
-    return jax.tree.map(lambda leaf: leaf.sharding, state)
