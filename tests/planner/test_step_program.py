@@ -151,3 +151,20 @@ def test_the_planner_without_a_run_builds_the_same_program_from_the_config():
     assert _program_text(from_config.lower_update()[0]) == _program_text(
         from_task.lower_update()[0]
     )
+
+
+def test_a_run_builds_its_controllers_once(monkeypatch):
+    """The config is read once: its checks, build_run and the memory plan share one build."""
+    built = []
+    factory = controllers.passk_classifier
+
+    def counting(*args, **kwargs):
+        built.append(args)
+        return factory(*args, **kwargs)
+
+    monkeypatch.setattr(controllers, "passk_classifier", counting)
+    config = small_run_config("gdro_both", device_memory_gib=64)
+    run = train.build_run(config)
+    run.close()
+    assert len(built) == 1, built
+    assert run.program.decisions is run.settings.decisions
