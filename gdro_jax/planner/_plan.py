@@ -17,6 +17,9 @@ over-states a GPU's temporaries for `compute_dtype="bfloat16"`.
 the budget raises a ValueError with the table and the knob to turn before any parameter exists.
 `memory_plan(..., suggest=True)` also searches the largest micro-batch sizes that fit, turning on
 `model.remat` for the update when no micro-batch fits without it.
+
+One module over 400 lines, on purpose: the plan's record, its table and its advice to the
+user are one thing read together; the compiling lives in `_planner.py`.
 """
 
 from __future__ import annotations

@@ -28,6 +28,9 @@ Every method runs all compiled controllers; a method only decides which decision
 Plain GRPO still logs the distribution `q` Prompt-GDRO would play and the shadow price `mu` of the
 allocation Rollout-GDRO would make, observed on GRPO's own data. Seeds give common random numbers
 across methods: the same pools, batches and uniforms, so method differences are paired.
+
+One module over 400 lines, on purpose: the step is one traced function, read top to bottom as
+SPEC 7 is, and its pieces close over the compiled parts.
 """
 
 from collections.abc import Callable, Sequence

@@ -27,6 +27,7 @@ from gdro_jax.step._engines import (
     sample_rollouts,
     trainer_logprobs,
 )
+from gdro_jax.step._grpo import GRPOConfig
 from gdro_jax.step._guard import (
     DEFAULT_MAX_CONSECUTIVE_SKIPS,
     NonFiniteStepsError,
@@ -43,7 +44,7 @@ from gdro_jax.step._rewards import (
     host_reward_phase,
 )
 from gdro_jax.step._state import TrainState, init_train_state
-from gdro_jax.step._update import GRPOConfig, make_update, minibatch_step, rollout_groups
+from gdro_jax.step._update import make_update, minibatch_step, rollout_groups
 from gdro_jax.step._vllm import (
     MissingExtraError,
     VLLMConfig,

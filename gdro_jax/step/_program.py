@@ -36,8 +36,9 @@ from gdro_jax.step._engines import (
     rollout_phase,
     trainer_logprobs,
 )
+from gdro_jax.step._grpo import GRPOConfig
 from gdro_jax.step._state import TrainState, init_train_state, optimizer_shardings
-from gdro_jax.step._update import GRPOConfig, make_update, rollout_groups
+from gdro_jax.step._update import make_update, rollout_groups
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
