@@ -1,15 +1,9 @@
-"""Evaluation, chain task and math alike: k samples per problem, the unbiased pass@k and mean@k
-with bootstrap intervals, per level (chain task) or per benchmark and difficulty bin (math).
+"""Evaluation, chain task and math alike (docs/evaluation.md): k samples per problem, the
+unbiased pass@k and mean@k with bootstrap intervals, per level or per benchmark and bin.
 
-- `evaluate_policy(path, out_dir)`: the one entry point for a saved policy (`experiments/
-  evaluate.py`): it opens the policy (`open_policy`), finds the task it was trained for and
-  writes that task's report.
-- `evaluate_chain(model, rows, task_config, settings)`: a policy in memory on chain-task problems
-  (the warm start, the demo, the study at a run's end and at its snapshots along the way).
-- `evaluate_math(model, tokenizer, benchmarks, grader=..., out_dir=...)`: a policy in memory on
-  math benchmarks, resumable.
-- `EvalSettings`: the sampling settings of both, with each task's defaults.
-- `pass_at_k`, `mean_at_k`, `summarize_counts`: the statistics, on counts alone.
+`evaluate_policy` evaluates a saved policy on its task (`experiments/evaluate.py`);
+`evaluate_chain` and `evaluate_math` a policy in memory, with `EvalSettings`; `pass_at_k`,
+`mean_at_k` and `summarize_counts` are the statistics, on counts alone.
 """
 
 from gdro_jax.eval._chain import (

@@ -152,9 +152,6 @@ def evaluate_chain(
 
     Returns:
       `ChainEvaluation`.
-
-    References:
-      Chen et al., 2021 (arXiv 2107.03374): the unbiased pass@k estimator.
     """
     settings = EvalSettings.of("chain") if settings is None else settings
     if isinstance(rows_or_arrays, tasks.ChainArrays):

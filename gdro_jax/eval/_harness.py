@@ -40,12 +40,9 @@ def check_int(name: str, value: Any, *, minimum: int) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class EvalSettings:
-    """What decides the samples; a resumed math evaluation must use the same values.
-
-    The defaults are the math benchmarks' (the paper's: 8 samples at T = 0.6, top-p 0.8, top-k
-    20); `EvalSettings.of("chain")` has the chain task's (SPEC 11's frontier check: T = 1 without
-    truncation, 64 problems per call). A chain-task evaluation reads `CHAIN_FIELDS` only: its
-    completions get the task's longest solution, and its prompts are short.
+    """What decides the samples (a resumed math evaluation must use the same values): the math
+    benchmarks' defaults (the paper's), or with `EvalSettings.of("chain")` the chain task's (SPEC
+    11: T = 1 without truncation), whose evaluation reads `CHAIN_FIELDS` only.
 
     Attributes:
       num_samples: k, completions per problem; pass@j is reported for j = 1..k.

@@ -154,7 +154,7 @@ def _open_folder(out: Path, plan, stored_settings) -> dict[tuple[str, str], dict
                 )
     out.mkdir(parents=True, exist_ok=True)
     if not records or not (out / SETTINGS_FILE).exists():
-        files.write_settings(out / SETTINGS_FILE, stored_settings)
+        (out / SETTINGS_FILE).write_text(json.dumps(stored_settings, indent=2) + "\n")
     if repair is not None:
         repair()
     if records:

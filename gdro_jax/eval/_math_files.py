@@ -23,7 +23,6 @@ def check_settings(path: Path, settings: Mapping[str, Any], *, has_samples: bool
     folder holds samples drawn under them; writes nothing."""
     if not (has_samples and path.exists()):
         return
-    settings = json.loads(json.dumps(settings))
     stored = json.loads(path.read_text())
     for name in sorted(set(stored) | set(settings)):
         if stored.get(name) != settings.get(name):
@@ -32,11 +31,6 @@ def check_settings(path: Path, settings: Mapping[str, Any], *, has_samples: bool
                 f"{name}={stored.get(name)!r}, this run asks for {name}={settings.get(name)!r}; "
                 "use the same settings to resume, or another output folder"
             )
-
-
-def write_settings(path: Path, settings: Mapping[str, Any]) -> None:
-    """Writes `settings` as JSON (after `check_settings` accepted them)."""
-    path.write_text(json.dumps(settings, indent=2) + "\n")
 
 
 def read_records(path: Path) -> tuple[dict[tuple[str, str], dict], Callable[[], None] | None]:
