@@ -91,16 +91,6 @@ class RunSettings:
         """R = N * n_mean rollout slots per step, whatever the allocation."""
         return self.num_prompts * self.n_mean
 
-    @property
-    def batch_shards(self) -> int:
-        """data x fsdp: the devices the slots are split over."""
-        return self.mesh[0] * self.mesh[1]
-
-    @property
-    def num_bins(self) -> int:
-        """The classifier's bins (its edges plus one)."""
-        return len(self.config.classifier.edges) + 1
-
 
 def _positive_int(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:

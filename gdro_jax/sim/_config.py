@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from gdro_jax.configs import RUN_LEVEL_ARGUMENTS  # set by the simulator from its own fields
 from gdro_jax.controllers import PARTS, passk_classifier
 from gdro_jax.tasks import level_counts, level_shares
 
@@ -21,9 +22,6 @@ _OPTIMIZERS = ("adam", "sgd")
 # The library's signals (`losses.SIGNALS`) but "surrogate_kl": the learner has no reference
 # policy, and without one that signal is "surrogate".
 _LOSS_SIGNALS = ("failure_rate", "surrogate")
-# The arguments of a part's factory that the simulator sets itself from the fields below (the
-# trainer's run-level arguments), so a part's block may not carry them.
-RUN_LEVEL_ARGUMENTS = ("num_prompts", "num_groups", "num_bins", "n_mean", "reward_values")
 
 
 def _reserved(block: str) -> tuple[str, ...]:

@@ -1,7 +1,7 @@
 """One GRPO/GDRO training step on arrays (SPEC 7), below the loop that drives it:
 
     plan     the controllers' `MultiAdversary.plan` (jitted by the caller)
-    rollout  `rollout_phase`: R completions and log pi_old through a `RolloutEngine`
+    rollout  `StepProgram.rollout_function`: R completions and log pi_old through a `RolloutEngine`
              (`KVCacheEngine`, the built-in sampler, fused into one jit; `VLLMEngine`, vLLM
              in the trainer's process, with the optional vllm extra)
     reward   `device_reward_phase` (jittable rewards) or `host_reward_phase` (a grader, under
@@ -23,9 +23,7 @@ from gdro_jax.step._engines import (
     RolloutEngine,
     Rollouts,
     WeightSync,
-    rollout_phase,
     sample_rollouts,
-    trainer_logprobs,
 )
 from gdro_jax.step._grpo import GRPOConfig
 from gdro_jax.step._guard import (
@@ -35,7 +33,7 @@ from gdro_jax.step._guard import (
     keep_if_finite,
 )
 from gdro_jax.step._metrics import step_metrics
-from gdro_jax.step._program import StepProgram
+from gdro_jax.step._program import StepProgram, rollout_groups
 from gdro_jax.step._rewards import (
     HostRewardCaller,
     RewardError,
@@ -44,7 +42,7 @@ from gdro_jax.step._rewards import (
     host_reward_phase,
 )
 from gdro_jax.step._state import TrainState, init_train_state
-from gdro_jax.step._update import make_update, minibatch_step, rollout_groups
+from gdro_jax.step._update import make_update, minibatch_step
 from gdro_jax.step._vllm import (
     MissingExtraError,
     VLLMConfig,
@@ -82,8 +80,6 @@ __all__ = [
     "make_update",
     "minibatch_step",
     "rollout_groups",
-    "rollout_phase",
     "sample_rollouts",
     "step_metrics",
-    "trainer_logprobs",
 ]

@@ -8,25 +8,24 @@ host.
 The trainer samples through a `RolloutEngine`: `KVCacheEngine` (the built-in sampler) by default,
 `VLLMEngine` with `config.rollout.engine="vllm"`, or any object with the same two methods passed
 to `build_run(config, rollout_engine=...)`, e.g. a client of an inference server that keeps its
-own copy of the weights. `rollout_phase` turns an engine and the prompt pool's arrays into the
-step's rollout function: the built-in engine fused into one jit, another engine called eagerly
-after its weights are synced, its log-probs then recomputed by the trainer in one forward pass
-(`trainer_logprobs`), as verl does: the engine's own stay as `Rollouts.engine_logprobs`.
+own copy of the weights. `StepProgram.rollout_function` turns an engine and the prompt pool's
+arrays into the step's rollout function: the built-in engine fused into one jit, another engine
+called eagerly after its weights are synced, its log-probs then recomputed by the trainer in one
+forward pass (`StepProgram.rescore`), as verl does: the engine's own stay as
+`Rollouts.engine_logprobs`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from gdro_jax import models
 from gdro_jax.controllers import Plan
-from gdro_jax.sampling import completion_logprobs, generate
+from gdro_jax.sampling import generate
 
 ENGINES = ("kv_cache", "vllm")
 LOGPROBS_FROM = ("trainer", "engine")
@@ -146,32 +145,6 @@ def sample_rollouts(
     )
 
 
-def trainer_logprobs(
-    graphdef: nnx.GraphDef, *, temperature: float, chunk_size: int | None = None, mesh=None
-) -> Callable[[nnx.State, Rollouts], Rollouts]:
-    """A jitted `(params, rollouts) -> rollouts` whose `logprobs` are the trainer's log-probs of
-    the sampled tokens (one forward pass, at `temperature`, `chunk_size` positions of the output
-    projection at a time); `engine_logprobs` keep the engine's. The slots stay on `mesh`'s batch
-    axes.
-    """
-
-    @jax.jit
-    def rescore(params, rollouts: Rollouts) -> Rollouts:
-        model = nnx.merge(graphdef, params)
-        logprobs = completion_logprobs(
-            model,
-            jnp.asarray(rollouts.prompt_tokens),
-            jnp.asarray(rollouts.prompt_lengths),
-            jnp.asarray(rollouts.tokens),
-            jnp.asarray(rollouts.lengths),
-            temperature=temperature,
-            chunk_size=chunk_size,
-        )
-        return models.constrain_batch(mesh, rollouts._replace(logprobs=logprobs))
-
-    return rescore
-
-
 class RolloutEngine(Protocol):
     """What the trainer calls to sample a step's rollouts (`build_run(..., rollout_engine=)`).
 
@@ -271,53 +244,3 @@ class WeightSync:
             return state, metrics
 
         return update_then_sync
-
-
-def rollout_phase(
-    engine: KVCacheEngine | WeightSync,
-    prompt_tokens_DP,
-    prompt_lengths_D,
-    *,
-    mesh=None,
-    rescore: Callable[[nnx.State, Rollouts], Rollouts] | None = None,
-) -> Callable:
-    """The step's rollout function `(params, plan, prompt_ids_N, key) -> Rollouts`.
-
-    Args:
-      engine: the built-in `KVCacheEngine`, fused with the prompts' lookup into one jit; or a
-        `WeightSync` around another engine, called eagerly after syncing its weights when the
-        parameters changed (e.g. a resumed state).
-      prompt_tokens_DP: the pool's D prompts, right-padded (host or device arrays).
-      prompt_lengths_D: their lengths.
-      mesh: the run's mesh: the rollouts' slots go on its batch axes (None: one device).
-      rescore: for another engine, `trainer_logprobs`: the trainer's log-probs replace the
-        engine's as log pi_old (None: the engine's are kept).
-
-    Returns:
-      The rollout function; its rewards are 0 until the reward phase scores them.
-    """
-    prompt_tokens = jnp.asarray(prompt_tokens_DP)
-    prompt_lengths = jnp.asarray(prompt_lengths_D)
-    if isinstance(engine, WeightSync):
-        sync = engine
-
-        def external_rollout(params, plan, prompt_ids, key):
-            sync(params)
-            result = sync.engine.generate(
-                params, plan, prompt_tokens[prompt_ids], prompt_lengths[prompt_ids], key
-            )
-            result = jax.tree.map(
-                lambda x: jax.device_put(x, models.batch_sharding(mesh, x.shape)), result
-            )
-            return result if rescore is None else rescore(params, result)
-
-        return external_rollout
-
-    @jax.jit
-    def rollout(params, plan, prompt_ids, key):
-        result = engine.generate(
-            params, plan, prompt_tokens[prompt_ids], prompt_lengths[prompt_ids], key
-        )
-        return models.constrain_batch(mesh, result)
-
-    return rollout

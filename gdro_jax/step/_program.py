@@ -27,18 +27,35 @@ from jax.sharding import PartitionSpec as P
 
 from gdro_jax import models
 from gdro_jax.controllers import MultiAdversary
+from gdro_jax.sampling import completion_logprobs
 from gdro_jax.step._engines import (
     KVCacheEngine,
     RolloutConfig,
     RolloutEngine,
     Rollouts,
     WeightSync,
-    rollout_phase,
-    trainer_logprobs,
 )
 from gdro_jax.step._grpo import GRPOConfig
 from gdro_jax.step._state import TrainState, init_train_state, optimizer_shardings
-from gdro_jax.step._update import make_update, rollout_groups
+from gdro_jax.step._update import make_update
+
+
+def rollout_groups(
+    num_prompts: int, n_mean: int, prompt_width: int, max_new_tokens: int
+) -> Rollouts:
+    """The shapes of one round's rollouts as N groups of `n_mean` (`jax.ShapeDtypeStruct`
+    leaves `[N, n_mean, ...]`): what a group filter's buffer holds."""
+    group = (num_prompts, n_mean)
+    return Rollouts(
+        prompt_tokens=jax.ShapeDtypeStruct((*group, prompt_width), jnp.int32),
+        prompt_lengths=jax.ShapeDtypeStruct(group, jnp.int32),
+        tokens=jax.ShapeDtypeStruct((*group, max_new_tokens), jnp.int32),
+        lengths=jax.ShapeDtypeStruct(group, jnp.int32),
+        logprobs=jax.ShapeDtypeStruct((*group, max_new_tokens), jnp.float32),
+        rewards=jax.ShapeDtypeStruct(group, jnp.float32),
+        correct=jax.ShapeDtypeStruct(group, jnp.bool_),
+        engine_logprobs=jax.ShapeDtypeStruct((*group, max_new_tokens), jnp.float32),
+    )
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -195,14 +212,24 @@ class StepProgram:
 
     @functools.cached_property
     def rescore(self) -> Callable:
-        """Jitted `(params, rollouts) -> rollouts` with the trainer's log-probs of an external
-        engine's samples (`trainer_logprobs`)."""
-        return trainer_logprobs(
-            self.graphdef,
-            temperature=self.grpo.temperature,
-            chunk_size=self.grpo.logprob_chunk_tokens,
-            mesh=self.mesh,
-        )
+        """Jitted `(params, rollouts) -> rollouts` whose `logprobs` are the trainer's of an
+        external engine's samples (one forward pass at the sampling temperature);
+        `engine_logprobs` keep the engine's. The slots stay on the batch axes."""
+
+        @jax.jit
+        def rescore(params, rollouts: Rollouts) -> Rollouts:
+            logprobs = completion_logprobs(
+                nnx.merge(self.graphdef, params),
+                jnp.asarray(rollouts.prompt_tokens),
+                jnp.asarray(rollouts.prompt_lengths),
+                jnp.asarray(rollouts.tokens),
+                jnp.asarray(rollouts.lengths),
+                temperature=self.grpo.temperature,
+                chunk_size=self.grpo.logprob_chunk_tokens,
+            )
+            return models.constrain_batch(self.mesh, rollouts._replace(logprobs=logprobs))
+
+        return rescore
 
     def kv_cache_engine(self) -> KVCacheEngine:
         """The built-in engine with this step's settings."""
@@ -217,21 +244,41 @@ class StepProgram:
     def rollout_function(
         self, prompt_tokens_DP: Any, prompt_lengths_D: Any, engine: RolloutEngine | None = None
     ) -> Callable:
-        """`(params, plan, prompt_ids_N, key) -> Rollouts` over the pool's prompts: the built-in
-        engine fused into one jit, or (with `external_engine`) `engine` called after a weight
-        sync, its samples rescored by the trainer."""
+        """`(params, plan, prompt_ids_N, key) -> Rollouts` over the pool's D right-padded
+        prompts (host or device arrays), rewards 0 until the reward phase scores them: the
+        built-in engine fused with the prompts' lookup into one jit; or, with `external_engine`,
+        `engine` (or a `WeightSync` around it) called eagerly after a weight sync when the
+        parameters changed, its samples placed on the batch axes and rescored (`rescore`)."""
+        prompt_tokens = jnp.asarray(prompt_tokens_DP)
+        prompt_lengths = jnp.asarray(prompt_lengths_D)
         if not self.external_engine:
             if engine is not None:
                 raise ValueError("an engine was given to a step built for the kv_cache engine")
-            return rollout_phase(
-                self.kv_cache_engine(), prompt_tokens_DP, prompt_lengths_D, mesh=self.mesh
-            )
+            built_in = self.kv_cache_engine()
+
+            @jax.jit
+            def rollout(params, plan, prompt_ids, key):
+                result = built_in.generate(
+                    params, plan, prompt_tokens[prompt_ids], prompt_lengths[prompt_ids], key
+                )
+                return models.constrain_batch(self.mesh, result)
+
+            return rollout
         if engine is None:
             raise ValueError("this step samples with an external engine: pass it as engine=")
         sync = engine if isinstance(engine, WeightSync) else WeightSync(engine)
-        return rollout_phase(
-            sync, prompt_tokens_DP, prompt_lengths_D, mesh=self.mesh, rescore=self.rescore
-        )
+
+        def external_rollout(params, plan, prompt_ids, key):
+            sync(params)
+            result = sync.engine.generate(
+                params, plan, prompt_tokens[prompt_ids], prompt_lengths[prompt_ids], key
+            )
+            result = jax.tree.map(
+                lambda x: jax.device_put(x, models.batch_sharding(self.mesh, x.shape)), result
+            )
+            return self.rescore(params, result)
+
+        return external_rollout
 
     def abstract_rollouts(self) -> Rollouts:
         """The R slots' rollouts as ShapeDtypeStructs on the batch axes (what an external

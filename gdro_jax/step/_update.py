@@ -11,10 +11,6 @@ up to float rounding while only one micro-batch's activations are alive at a tim
 The update is jitted once with explicit shardings and the state donated; every array in it has a
 static shape (R slots whatever the allocation), so nothing recompiles when the controllers change
 their decisions.
-
-One module over 400 lines, on purpose: `make_update` is one function whose phases (the
-mini-batch steps, the group filter's round, the controllers, the guard, the metrics) close over
-its arguments; split into modules they would pass a dozen of them around.
 """
 
 from __future__ import annotations
@@ -160,24 +156,6 @@ def _in_slot_order(values_bSM: jax.Array, minibatch_idx: jax.Array, like_RM: jax
     """Per-mini-batch `[b, S, M]` rows scattered back to `[R, M]` slot order."""
     flat_idx = minibatch_idx.reshape(-1)
     return jnp.zeros_like(like_RM).at[flat_idx].set(values_bSM.reshape(like_RM.shape))
-
-
-def rollout_groups(
-    num_prompts: int, n_mean: int, prompt_width: int, max_new_tokens: int
-) -> Rollouts:
-    """The shapes of one round's rollouts as N groups of `n_mean` (`jax.ShapeDtypeStruct`
-    leaves `[N, n_mean, ...]`): what a group filter's buffer holds."""
-    group = (num_prompts, n_mean)
-    return Rollouts(
-        prompt_tokens=jax.ShapeDtypeStruct((*group, prompt_width), jnp.int32),
-        prompt_lengths=jax.ShapeDtypeStruct(group, jnp.int32),
-        tokens=jax.ShapeDtypeStruct((*group, max_new_tokens), jnp.int32),
-        lengths=jax.ShapeDtypeStruct(group, jnp.int32),
-        logprobs=jax.ShapeDtypeStruct((*group, max_new_tokens), jnp.float32),
-        rewards=jax.ShapeDtypeStruct(group, jnp.float32),
-        correct=jax.ShapeDtypeStruct(group, jnp.bool_),
-        engine_logprobs=jax.ShapeDtypeStruct((*group, max_new_tokens), jnp.float32),
-    )
 
 
 def make_update(

@@ -19,7 +19,7 @@ How the engine keeps the trainer's contract (`RolloutEngine`):
   old weights).
 - Log-probs. vLLM returns the log-prob of each sampled token after the temperature
   (`logprobs_mode="processed_logprobs"`), as `Rollouts.engine_logprobs`; the trainer recomputes
-  its own (`rollout_phase`) and logs the gap.
+  its own (`StepProgram.rescore`) and logs the gap.
 """
 
 from __future__ import annotations

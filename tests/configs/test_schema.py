@@ -155,7 +155,7 @@ def test_run_settings_are_read_once_and_typed():
     settings = configs.read_run_config(tiny_cpu.get_config(), num_devices=1)
     assert configs.read_run_config(settings) is settings
     assert settings.method is controllers.METHODS["grpo"]
-    assert settings.num_slots == 32 * 4 and settings.num_bins == 10
+    assert settings.num_slots == 32 * 4 and settings.decisions.num_bins == 10
     assert settings.chain == tasks.ChainTaskConfig(**tiny_cpu.get_config().task.to_dict())
     assert settings.math is None and settings.grpo == step.GRPOConfig()
     assert settings.checkpoint == configs.CheckpointSettings(True, 10, 2)
