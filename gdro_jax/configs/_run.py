@@ -11,6 +11,7 @@ the task's, the policy's and the optimizer's fields; the checkpoint and guard se
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -57,7 +58,6 @@ class RunSettings:
     # `pool_size` prompts), built once here; None for a math pool, known once it is read.
     decisions: controllers.MultiAdversary | None
     pool_size: int | None  # D of `decisions`
-    policy: models.DecoderConfig  # the policy's architecture (`init_from`'s, or `model`)
     steps: int
     seed: int
     progress: bool
@@ -85,6 +85,12 @@ class RunSettings:
     vllm: step.VLLMConfig
     max_consecutive_skips: int
     reward_timeout_s: float
+
+    @functools.cached_property
+    def policy(self) -> models.DecoderConfig:
+        """The policy's architecture: `init_from`'s config.json (read when first asked, so a
+        config can be checked where its weights are not), or the `model` block's."""
+        return policy_config(self.config)
 
     @property
     def num_slots(self) -> int:
@@ -345,7 +351,6 @@ def read_run_config(
         controllers=controller_settings,
         decisions=decisions if pool_size is not None else None,
         pool_size=pool_size,
-        policy=policy_config(config),
         steps=config.steps,
         seed=config.seed,
         progress=bool(config.progress),

@@ -82,8 +82,17 @@ def _lowered_run(run):
     return rollout, update
 
 
-@pytest.mark.parametrize("engine", ["kv_cache", "external"])
-@pytest.mark.parametrize("method", list(controllers.METHODS))
+# Two cases in `make test` (the group filter's buffer; the external engine's rescoring and
+# both adversaries); every other method and engine in the slow tier (`make test-slow`).
+FAST = {("dynamic_sampling", "kv_cache"), ("gdro_both", "external")}
+CASES = [
+    pytest.param(method, engine, marks=() if (method, engine) in FAST else pytest.mark.slow)
+    for method in controllers.METHODS
+    for engine in ("kv_cache", "external")
+]
+
+
+@pytest.mark.parametrize(("method", "engine"), CASES)
 def test_the_planner_lowers_the_step_the_run_runs(method, engine):
     external = engine == "external"
     # The external engine's runs on a 2-device mesh: its samples are placed on the batch axes.
