@@ -82,9 +82,9 @@ def _lowered_run(run):
     return rollout, update
 
 
-# Two cases in `make test` (the group filter's buffer; the external engine's rescoring and
-# both adversaries); every other method and engine in the slow tier (`make test-slow`).
-FAST = {("dynamic_sampling", "kv_cache"), ("gdro_both", "external")}
+# One case in `make test` (the group filter's buffer); every other method and engine in the slow
+# tier (`make test-slow`), which CI runs too.
+FAST = {("dynamic_sampling", "kv_cache")}
 CASES = [
     pytest.param(method, engine, marks=() if (method, engine) in FAST else pytest.mark.slow)
     for method in controllers.METHODS
@@ -120,6 +120,7 @@ def test_the_planner_lowers_the_step_the_run_runs(method, engine):
     assert _program_text(plan_update) == _program_text(run_update)
 
 
+@pytest.mark.slow
 def test_build_run_plans_the_program_it_runs(monkeypatch):
     planned = []
     check = planner.check_memory_plan
@@ -148,6 +149,7 @@ def test_build_run_plans_the_program_it_runs(monkeypatch):
     assert memory.kv_cache == 0  # the engine's cache is its own
 
 
+@pytest.mark.slow
 def test_the_planner_without_a_run_builds_the_same_program_from_the_config():
     """`memory_plan(config)` (experiments.plan) lowers what `build_run` would run."""
     config = small_run_config("gdro_both")

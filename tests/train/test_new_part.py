@@ -65,6 +65,7 @@ def registered(monkeypatch):
     )
 
 
+@pytest.mark.slow
 def test_a_part_registered_in_one_line_trains_and_is_planned(registered):
     assert isinstance(tilted_allocation(), controllers.RolloutAllocator)
     # The run schema reads the factory: its block and field exist with their defaults.
