@@ -30,7 +30,7 @@ def _controller_update_seconds(run: train.Run, state: step.TrainState, repeats: 
     num_correct = jnp.minimum(ids % 3, plan.num_rollouts)
     losses = jnp.linspace(0.0, 1.0, num_prompts)
     update = jax.jit(
-        lambda s, p, i, c, ell: run.gdro.update(s, p, i, num_correct=c, losses=ell),
+        lambda s, p, i, c, ell: run.program.decisions.update(s, p, i, num_correct=c, losses=ell),
         donate_argnums=0,
     )
     gdro_state = jax.tree.map(jnp.copy, state.gdro)

@@ -6,6 +6,8 @@ of a benchmark (`_harness.sample_batch`) with `fold_in(fold_in(key(seed), crc32(
 (so a resumed run draws an uninterrupted one's samples), grades with a `rewards.MathGrader` and
 summarises (`_math_report.py`); `_math_files.py` reads and writes the resume files. With several
 processes each samples and grades the batches dealt to it, and process 0 alone reads and writes.
+One module over 400 lines, on purpose: the request's checks, the resume and the dealing of
+batches are one loop's, and `_math_files.py` and `_math_report.py` already hold the rest.
 
 References:
   Panaganti et al., 2026 (arXiv 2601.19280): evaluation with 8 samples, T = 0.6, top-p 0.8,

@@ -180,7 +180,7 @@ class KVCacheEngine:
     """The built-in `RolloutEngine`: the jitted KV-cache sampler on the trainer's own parameters.
 
     Args:
-      graphdef: the policy's static graph (`build_run`'s `run.graphdef`).
+      graphdef: the policy's static graph (`build_run`'s `run.program.graphdef`).
       max_new_tokens: M.
       temperature: sampling temperature.
       eos_ids: stop ids.

@@ -139,7 +139,7 @@ class VLLMEngine:
     """A `RolloutEngine` that samples through vLLM's offline `LLM`, in the trainer's process.
 
     Args:
-      graphdef: the policy's static graph (`run.graphdef`).
+      graphdef: the policy's static graph (`run.program.graphdef`).
       params: its parameters: the weights vLLM starts from (written once as an HF folder).
       max_prompt_tokens: P, the longest prompt (vLLM's context is P + M).
       max_new_tokens: M.

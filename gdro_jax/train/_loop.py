@@ -272,7 +272,7 @@ def _save_policy(run: Run, state: step.TrainState, folder: str) -> None:
     params = to_host(state.params) if jax.process_count() > 1 else state.params
     if is_primary():
         models.save_pretrained(
-            nnx.merge(run.graphdef, params), folder, tokenizer=run.task.tokenizer
+            nnx.merge(run.program.graphdef, params), folder, tokenizer=run.task.tokenizer
         )
 
 

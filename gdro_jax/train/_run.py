@@ -19,9 +19,8 @@ from typing import Any, NamedTuple
 
 import grain
 import jax
-from flax import nnx
 
-from gdro_jax import configs, controllers, models, planner, step, tasks
+from gdro_jax import configs, models, planner, step, tasks
 from gdro_jax.tasks import RewardFn, RLTask
 
 
@@ -43,16 +42,6 @@ class Run(NamedTuple):
     prompt_batches: Any  # grain iterator of [N] prompt-index batches
     reward_name: str  # how reward errors name the reward function
     closers: tuple[Callable[[], None], ...]  # what `close` stops (grader workers, reward thread)
-
-    @property
-    def graphdef(self) -> nnx.GraphDef:
-        """The policy's static graph."""
-        return self.program.graphdef
-
-    @property
-    def gdro(self) -> controllers.MultiAdversary:
-        """The method's composed decisions."""
-        return self.program.decisions
 
     @property
     def config(self):

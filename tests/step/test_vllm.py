@@ -31,7 +31,7 @@ MISMATCH = {
 def _kv_rollouts(run, params, plan, ids, key, greedy):
     ids = np.asarray(ids)
     engine = KVCacheEngine(
-        run.graphdef,
+        run.program.graphdef,
         max_new_tokens=run.config.max_new_tokens,
         temperature=0.0 if greedy else run.config.grpo.temperature,
         eos_ids=run.task.eos_ids,

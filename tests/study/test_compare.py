@@ -484,7 +484,7 @@ def test_every_ablation_arm_builds_its_controllers(group):
     assert next(iter(arms)) == "grpo" and len(arms) >= 2
     for arm in arms:
         run = study.run_config(config, study.RunSpec(arm, 0), "warm")
-        gdro = configs.build_controllers(run, 64)
+        configs.build_controllers(run, 64)  # the arm builds its controllers
         assert run.method == study.parse_overrides(config.arms[arm], where=arm)["method"]
     with pytest.raises(ValueError, match="unknown ablation group"):
         ablations.get_config("nope")

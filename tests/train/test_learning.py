@@ -65,6 +65,6 @@ def test_thirty_grpo_steps_raise_the_reward(tmp_path):
         return result.pooled.mean, result.pooled.mean_interval
 
     before, before_interval = pool_accuracy(models.from_pretrained(tmp_path / "warm"))
-    after, after_interval = pool_accuracy(nnx.merge(run.graphdef, state.params))
+    after, after_interval = pool_accuracy(nnx.merge(run.program.graphdef, state.params))
     assert after > before + 0.05, (before, after)
     assert after_interval[0] > before_interval[1], (before_interval, after_interval)

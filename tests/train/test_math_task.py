@@ -164,7 +164,7 @@ def test_graded_rewards_follow_the_gold_answers_and_the_update_favours_the_corre
 
     # Old log-probs of the crafted completions under the current policy (ratio 1 at the start).
     old = completion_logprobs(
-        nnx.merge(run.graphdef, state.params),
+        nnx.merge(run.program.graphdef, state.params),
         scored.prompt_tokens,
         scored.prompt_lengths,
         scored.tokens,
@@ -185,7 +185,7 @@ def test_graded_rewards_follow_the_gold_answers_and_the_update_favours_the_corre
     # The step's direction: the correct completions' log-probabilities rose relative to the
     # wrong ones' (each slot's total over its tokens; every group pairs a right and a wrong one).
     new = completion_logprobs(
-        nnx.merge(run.graphdef, new_state.params),
+        nnx.merge(run.program.graphdef, new_state.params),
         scored.prompt_tokens,
         scored.prompt_lengths,
         scored.tokens,

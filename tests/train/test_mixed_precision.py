@@ -22,7 +22,7 @@ def bf16_step():
 
 def test_a_bf16_compute_step_at_lr_1e6_moves_the_float32_master_parameters(bf16_step):
     run, before, state, metrics = bf16_step
-    assert run.graphdef is not None and int(metrics["skipped"]) == 0
+    assert run.program.graphdef is not None and int(metrics["skipped"]) == 0
     assert 0 < float(metrics["accuracy"]) < 1 and float(metrics["grad_norm"]) > 0
     leaves = jax.tree.leaves(state.params)
     assert all(leaf.dtype == jnp.float32 for leaf in leaves)
@@ -40,7 +40,7 @@ def test_a_bf16_compute_step_at_lr_1e6_moves_the_float32_master_parameters(bf16_
 
 def test_the_kv_cache_is_bfloat16_and_the_log_probs_float32(bf16_step):
     run, _, state, _ = bf16_step
-    policy = nnx.merge(run.graphdef, state.params)
+    policy = nnx.merge(run.program.graphdef, state.params)
     assert policy.config.compute_dtype == "bfloat16"
     cache = policy.init_cache(2, 8)
     assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(cache))

@@ -104,7 +104,7 @@ def test_micro_batches_change_no_rollout_of_the_trainer():
     key = jax.random.key(2)
     whole = run.rollout(run.state.params, plan, ids, key)
     chunked = KVCacheEngine(
-        run.graphdef,
+        run.program.graphdef,
         max_new_tokens=run.config.max_new_tokens,
         temperature=run.config.grpo.temperature,
         eos_ids=run.task.eos_ids,
@@ -218,7 +218,7 @@ def test_greedy_kv_cache_rollouts_are_the_argmax_of_the_trainers_logits():
     ids = jnp.asarray(next(run.prompt_batches), jnp.int32)
     plan = run.plan(run.state.gdro, ids, jax.random.key(1))
     rollouts = run.rollout(run.state.params, plan, ids, jax.random.key(2))
-    model = nnx.merge(run.graphdef, run.state.params)
+    model = nnx.merge(run.program.graphdef, run.state.params)
     prompts, lengths = np.asarray(rollouts.prompt_tokens), np.asarray(rollouts.prompt_lengths)
     tokens, completion = np.asarray(rollouts.tokens), np.asarray(rollouts.lengths)
     for r in range(tokens.shape[0]):

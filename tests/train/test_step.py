@@ -72,7 +72,7 @@ def test_grpo_step_equals_a_hand_written_reference():
     _, perm_key = jax.random.split(run.state.key)
     order = jax.random.permutation(perm_key, len(plan.prompt_of_slot))
     expected = _reference_grpo_update(
-        run.graphdef,
+        run.program.graphdef,
         run.state.params,
         configs.make_optimizer(configs.OptimizerConfig.from_block(config.optimizer)),
         run.state.opt_state,
