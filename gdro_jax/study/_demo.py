@@ -197,7 +197,7 @@ def run_demo(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> 
         out = train(run_config, workdir / method)
         seconds[f"train/{method}"] = time.perf_counter() - start
         start = time.perf_counter()
-        policy = nnx.merge(out["run"].graphdef, out["state"].params)
+        policy = nnx.merge(out["run"].program.graphdef, out["state"].params)
         result = evaluate_chain(
             policy, test_rows, task_config, config.eval, progress=config.progress
         )

@@ -85,7 +85,8 @@ def runs(tmp_path_factory):
         config.mesh.update(mesh)
         result = train.train(config, root / name)
         shutil.rmtree(root / name / models.MODEL_DIR)  # the checkpoints alone remain
-        params = nnx.state(nnx.merge(result["run"].graphdef, result["state"].params), nnx.Param)
+        trained = nnx.merge(result["run"].program.graphdef, result["state"].params)
+        params = nnx.state(trained, nnx.Param)
         prompts = [row[: int(n)].tolist() for row, n in zip(
             result["run"].task.prompt_tokens[:4], result["run"].task.prompt_lengths[:4], strict=True
         )]  # fmt: skip

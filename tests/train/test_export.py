@@ -38,7 +38,7 @@ def test_the_newest_checkpoint_gives_the_final_policy_and_reads_only(tmp_path):
 
     policy = evaluation.open_policy(workdir)
     model, tokenizer = policy.model, policy.tokenizer
-    final = nnx.state(nnx.merge(result["run"].graphdef, result["state"].params), nnx.Param)
+    final = nnx.state(nnx.merge(result["run"].program.graphdef, result["state"].params), nnx.Param)
     for a, b in zip(
         jax.tree.leaves(nnx.state(model, nnx.Param)), jax.tree.leaves(final), strict=True
     ):
@@ -69,7 +69,7 @@ def test_a_relative_workdir_checkpoints_and_resumes(tmp_path, monkeypatch):
     assert second["completed_steps"] == 2 and first["completed_steps"] == 1
     for step, result in ((1, first), (2, second)):
         snapshot = models.from_pretrained(train.snapshot_path("runs/relative", step))
-        trained = nnx.merge(result["run"].graphdef, result["state"].params)
+        trained = nnx.merge(result["run"].program.graphdef, result["state"].params)
         saved, want = nnx.state(snapshot, nnx.Param), nnx.state(trained, nnx.Param)
         for a, b in zip(jax.tree.leaves(saved), jax.tree.leaves(want), strict=True):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
