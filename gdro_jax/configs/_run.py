@@ -57,7 +57,6 @@ class RunSettings:
     # The method's composed decisions over the pool the config fixes (the chain task's
     # `pool_size` prompts), built once here; None for a math pool, known once it is read.
     decisions: controllers.MultiAdversary | None
-    pool_size: int | None  # D of `decisions`
     steps: int
     seed: int
     progress: bool
@@ -91,6 +90,11 @@ class RunSettings:
         """The policy's architecture: `init_from`'s config.json (read when first asked, so a
         config can be checked where its weights are not), or the `model` block's."""
         return policy_config(self.config)
+
+    @property
+    def pool_size(self) -> int | None:
+        """D of `decisions`: the chain task's pool; None for math."""
+        return None if self.chain is None else self.chain.pool_size
 
     @property
     def num_slots(self) -> int:
@@ -350,7 +354,6 @@ def read_run_config(
         method=method,
         controllers=controller_settings,
         decisions=decisions if pool_size is not None else None,
-        pool_size=pool_size,
         steps=config.steps,
         seed=config.seed,
         progress=bool(config.progress),

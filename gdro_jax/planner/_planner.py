@@ -18,6 +18,7 @@ depth), so it is not done.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -111,6 +112,7 @@ class Planner:
         # rollout's outputs.
         self.rollouts = program.abstract_rollouts() if program.external_engine else None
 
+    @functools.cache  # noqa: B019 (one planner per plan: it lives as long as its cache)
     def _policy(self, remat: bool | None = None):
         """(graphdef, abstract float32 parameters placed on the mesh); `remat` overrides."""
         model_config = self.model_config
