@@ -205,6 +205,7 @@ def chain_evaluation(chain_run, tmp_path_factory):
     return out, printed
 
 
+@pytest.mark.slow
 def test_a_chain_run_is_evaluated_on_its_test_split(chain_run, chain_evaluation):
     out, printed = chain_evaluation
     config = json.loads((chain_run / "config.json").read_text())
@@ -252,6 +253,7 @@ def test_a_chain_run_is_evaluated_on_its_test_split(chain_run, chain_evaluation)
             assert grade == completion["correct"], completion
 
 
+@pytest.mark.slow
 def test_the_model_folder_gives_the_same_evaluation(chain_run, chain_evaluation, tmp_path):
     out, _ = chain_evaluation
     report = evaluation.evaluate_policy(chain_run / "model", tmp_path / "eval", progress=False)

@@ -84,6 +84,7 @@ def _train_step(model, optimizer, ids, positions, mask):
 _train_step_jit = nnx.jit(_train_step)
 
 
+@pytest.mark.slow
 def test_sharded_rematerialised_unrolled_training_step_equals_single_device():
     """Two AdamW steps: one device (scanned blocks) vs the 8-device mesh with remat and
     unrolled blocks."""

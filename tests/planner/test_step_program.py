@@ -82,11 +82,10 @@ def _lowered_run(run):
     return rollout, update
 
 
-# One case in `make test` (the group filter's buffer); every other method and engine in the slow
-# tier (`make test-slow`), which CI runs too.
-FAST = {("dynamic_sampling", "kv_cache")}
+# Every method and engine in the slow tier (`make test-slow`, which CI runs): each case compiles
+# a whole step.
 CASES = [
-    pytest.param(method, engine, marks=() if (method, engine) in FAST else pytest.mark.slow)
+    pytest.param(method, engine, marks=pytest.mark.slow)
     for method in controllers.METHODS
     for engine in ("kv_cache", "external")
 ]

@@ -172,6 +172,7 @@ def _damaged_data_dir(data_dir, tmp_path, damage):
     return folder
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("damage", "message"),
     [
@@ -198,6 +199,7 @@ def test_a_damaged_dataset_on_resume_is_named_and_loses_nothing(
     assert _snapshot(workdir) == before
 
 
+@pytest.mark.slow
 def test_a_prompt_over_the_limit_raises_by_row_when_asked(math_finished, tmp_path):
     config, _ = math_finished
     config = config.copy_and_resolve_references()

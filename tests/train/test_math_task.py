@@ -114,6 +114,7 @@ print(json.dumps({
 """
 
 
+@pytest.mark.slow
 def test_a_math_checkpoint_opens_without_the_trainer_or_a_grader(math_run, tmp_path):
     """Evaluation reads the policy alone: building the run would start grader workers."""
     run, tokenizer = math_run
@@ -142,6 +143,7 @@ def _completion_tokens(tokenizer, texts, width):
     return jnp.asarray(tokens), jnp.asarray(lengths)
 
 
+@pytest.mark.slow
 def test_graded_rewards_follow_the_gold_answers_and_the_update_favours_the_correct(math_run):
     run, tokenizer = math_run
     state = jax.tree.map(jnp.copy, run.state)  # the update donates its input

@@ -150,6 +150,7 @@ def test_controller_decisions_never_recompile_the_step(gdro_both_one_device):
     assert max(np.ptp(plan.advantage_weights) for plan in plans) > 0.05
 
 
+@pytest.mark.slow
 def test_two_steps_on_one_device_and_an_eight_device_mesh_agree(gdro_both_one_device):
     mesh = dict(data=2, fsdp=2, tensor=2)
     run = train.build_run(

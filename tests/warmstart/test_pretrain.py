@@ -168,6 +168,7 @@ def test_make_optimizer_rejects_bad_schedules():
         configs.make_optimizer(optimizer(), decay_steps=config.train.steps)
 
 
+@pytest.mark.slow
 def test_sharded_training_matches_one_device(run):
     config, *_, one = run  # the fixture's one-device warm start
     mesh = models.make_mesh(data=2, fsdp=2)
