@@ -53,7 +53,12 @@ def _leaves(config, prefix=""):
             yield f"{prefix}{name}", value
 
 
-@pytest.mark.parametrize("module", ENTRY_POINTS)
+# `train` in `make test`; every other entry point in the slow tier (each a subprocess that
+# starts jax).
+@pytest.mark.parametrize(
+    "module",
+    [m if m == "train" else pytest.param(m, marks=pytest.mark.slow) for m in ENTRY_POINTS],
+)
 def test_help_exits_0_with_a_usage_line_an_example_and_no_library_flags(module):
     text = _help(module)
     lines = text.splitlines()
@@ -124,9 +129,13 @@ def test_train_help_lists_every_field_of_tiny_cpu_with_its_default_in_a_screenfu
     ("module", "argv", "field"),
     [
         ("train", (), "method"),
-        ("plan", (), "method"),
-        ("compare", ("--config=experiments/configs/study.py",), "method"),
-        ("demo", ("--config=experiments/configs/demo.py",), "method"),
+        pytest.param("plan", (), "method", marks=pytest.mark.slow),
+        pytest.param(
+            "compare", ("--config=experiments/configs/study.py",), "method", marks=pytest.mark.slow
+        ),
+        pytest.param(
+            "demo", ("--config=experiments/configs/demo.py",), "method", marks=pytest.mark.slow
+        ),
     ],
 )
 def test_the_method_field_lists_its_choices(module, argv, field):

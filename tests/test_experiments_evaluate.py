@@ -270,7 +270,11 @@ def test_the_model_folder_gives_the_same_evaluation(chain_run, chain_evaluation,
     [
         ("unknown_benchmark", "unknown benchmark 'gsm8k'; known: math500, aime24"),
         ("empty_folder", "is not a model folder (no config.json) nor a training work directory"),
-        ("chain_tokenizer", "has the chain task's 18-symbol tokenizer but no run config"),
+        pytest.param(  # trains a chain run first: the slow tier
+            "chain_tokenizer",
+            "has the chain task's 18-symbol tokenizer but no run config",
+            marks=pytest.mark.slow,
+        ),
     ],
 )
 def test_a_refusal_is_one_line_and_leaves_out_untouched(

@@ -23,6 +23,7 @@ PLOTS = (
 )
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")
 def test_main_writes_arrays_plots_and_table(tmp_path, capsys, monkeypatch):
     steps = 10  # overrides sim_tiny's steps from the command line

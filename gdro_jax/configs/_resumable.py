@@ -36,6 +36,7 @@ RESUMABLE_FIELDS = (
     # Sums the same gradient in another order: the update up to float32 rounding, not bit for bit.
     "grpo.micro_batch_slots",
     "grpo.logprob_chunk_tokens",
+    "grpo.pack_sequences",
     "math.data_dir",
     "math.grader_workers",
     "math.grader_timeout_s",

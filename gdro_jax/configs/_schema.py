@@ -29,6 +29,8 @@ import ml_collections
 from gdro_jax import controllers, models, tasks
 from gdro_jax.step import GRPOConfig, RolloutConfig, VLLMConfig
 
+_NOT_SET = object()
+
 
 class Field(NamedTuple):
     """One config field."""
@@ -36,6 +38,9 @@ class Field(NamedTuple):
     default: Any
     kind: type  # the value's type (for a None default: what a command-line override parses to)
     help: str  # one line
+    # For a field whose default is not what configs written before it existed did: that older
+    # behaviour, which `canonical` leaves out instead of the default (so their stamps hold).
+    before: Any = _NOT_SET
 
 
 Block = Mapping[str, Any]  # name -> Field, or name -> Block (a nested block)
@@ -179,7 +184,7 @@ def run_schema() -> dict[str, Any]:
             ),
         },
         "optimizer": optimizer_block(learning_rate=1e-5),
-        "grpo": from_dataclass(GRPOConfig),
+        "grpo": _grpo_block(),
         "guards": {
             "max_consecutive_skips": Field(
                 3, int, "stop after this many non-finite steps in a row (0: never)"
@@ -193,6 +198,13 @@ def run_schema() -> dict[str, Any]:
         },
         **parts,
     }
+
+
+def _grpo_block() -> dict[str, Field]:
+    block = from_dataclass(GRPOConfig)
+    # Packing came after the declared study's runs, which were padded (and pin it so).
+    block["pack_sequences"] = block["pack_sequences"]._replace(before=False)
+    return block
 
 
 def _mesh_block() -> dict[str, Field]:
@@ -338,9 +350,13 @@ def canonical(config: Mapping[str, Any], schema: Block) -> dict[str, Any]:
     """The fields of `config` whose values differ from `schema`'s defaults, as plain values.
 
     Two configs that run the same have the same canonical form, whether a field is left out or
-    set to its default; and a field added to the schema later (at a default that keeps the old
-    behaviour) does not change it. Hashes and study stamps are taken over it.
+    set to its default; and a field added to the schema later does not change it: at a default
+    that keeps the old behaviour, or, where the default changed it, with the old behaviour as
+    the field's `before`, which canonical forms take as the default (a config that leaves the
+    field out, written before it existed, ran that way). Hashes and study stamps are taken over
+    it.
     """
+    schema = _as_before(schema)  # a field left out means what configs without it did
     completed = complete(config, schema).to_dict()
 
     def strip(values: Mapping[str, Any], block: Block) -> dict[str, Any]:
@@ -356,6 +372,18 @@ def canonical(config: Mapping[str, Any], schema: Block) -> dict[str, Any]:
         return kept
 
     return strip(completed, schema)
+
+
+def _as_before(schema: Block) -> Block:
+    """`schema` with each field that has a `before` value defaulting to it."""
+    return {
+        name: _as_before(entry)
+        if isinstance(entry, Mapping)
+        else entry
+        if entry.before is _NOT_SET
+        else entry._replace(default=entry.before)
+        for name, entry in schema.items()
+    }
 
 
 def _plain(value: Any) -> Any:

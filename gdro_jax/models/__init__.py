@@ -1,7 +1,8 @@
 """The policy model: a flax.nnx decoder (Qwen3, Llama-family, Qwen2), its config and presets,
 sharding specs, HuggingFace folders in and out, and the mesh convention every layer above uses.
 
-- `Decoder`, `DecoderConfig` (presets), `init_decoder`, `abstract_decoder`, `KVCache`.
+- `Decoder`, `DecoderConfig` (presets), `init_decoder`, `abstract_decoder`, `KVCache`;
+  `attention_implementation`, the attention path a config takes (`ATTENTION_IMPLEMENTATIONS`).
 - `from_pretrained`, `save_pretrained`, `hf_tensors`, `load_tokenizer`; a folder that does not
   match its config raises `ModelFolderError`.
 - The mesh convention: `MESH_AXES` (`data` x `fsdp` x `tensor`, Auto axes), `make_mesh`,
@@ -10,12 +11,18 @@ sharding specs, HuggingFace folders in and out, and the mesh convention every la
 - `memory_footprint`: parameters, AdamW moments and KV cache per device, from shapes alone.
 """
 
-from gdro_jax.models._config import SUPPORTED_ARCHITECTURES, DecoderConfig, Llama3RopeScaling
+from gdro_jax.models._config import (
+    ATTENTION_IMPLEMENTATIONS,
+    SUPPORTED_ARCHITECTURES,
+    DecoderConfig,
+    Llama3RopeScaling,
+)
 from gdro_jax.models._decoder import (
     Decoder,
     DecoderLayers,
     KVCache,
     abstract_decoder,
+    attention_implementation,
     init_decoder,
     parameter_shardings,
     rope_inverse_frequencies,
@@ -43,6 +50,7 @@ from gdro_jax.models._mesh import (
 from gdro_jax.models._sharding import ShardingConfig, constrain
 
 __all__ = [
+    "ATTENTION_IMPLEMENTATIONS",
     "Footprint",
     "memory_footprint",
     "BATCH_AXES",
@@ -57,6 +65,7 @@ __all__ = [
     "ModelFolderError",
     "ShardingConfig",
     "abstract_decoder",
+    "attention_implementation",
     "batch_sharding",
     "constrain",
     "constrain_batch",

@@ -17,6 +17,7 @@ SUPPORTED_ARCHITECTURES = {
 }
 _ARCHITECTURE_OF_FAMILY = {family: arch for arch, family in SUPPORTED_ARCHITECTURES.items()}
 _DTYPES = ("float32", "bfloat16", "float16")
+ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +64,12 @@ class DecoderConfig:
         independent of depth; the unrolled loop is faster on CPU, where the scan's stacked
         residual buffers cost memory traffic, and compiles in time growing with depth. The
         sampler's cached path is always unrolled.
+      attention: how a full forward pass without a KV cache (the trainer's log-probs and
+        update) computes attention: "xla" (an einsum and a float32 softmax, materialising the
+        [T, S] scores of every head), "cudnn" (`jax.nn.dot_product_attention`'s fused cuDNN
+        kernel: no score tensor; GPUs, bfloat16 or float16 compute) or "auto" (cudnn where it
+        applies, else xla).
+        The sampler (prefill and decode, over the KV cache) always takes the xla path.
       bos_token_id: from config.json, kept for the round trip.
       eos_token_ids: from config.json, a convenient default stop set for the sampler.
       pad_token_id: from config.json, kept for the round trip.
@@ -89,6 +96,7 @@ class DecoderConfig:
     compute_dtype: str = "float32"
     remat: bool = False
     scan_layers: bool = True
+    attention: str = "auto"
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int | None = None
@@ -116,6 +124,11 @@ class DecoderConfig:
             raise ValueError(
                 f"DecoderConfig.family must be one of {sorted(_ARCHITECTURE_OF_FAMILY)}, "
                 f"got {self.family!r}"
+            )
+        if self.attention not in ATTENTION_IMPLEMENTATIONS:
+            raise ValueError(
+                f"DecoderConfig.attention must be one of {ATTENTION_IMPLEMENTATIONS}, "
+                f"got {self.attention!r}"
             )
         for name in ("param_dtype", "compute_dtype"):
             # Accept jnp dtypes and normalise to a name so the config stays hashable and printable.

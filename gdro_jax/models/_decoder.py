@@ -127,6 +127,29 @@ def _attention(q_BTNH, k_BKHS, v_BKSH, allowed_BTS):
     return attn_BKQH.reshape(B, K, G, T, H).transpose(0, 3, 1, 2, 4).reshape(B, T, N, H)
 
 
+def attention_implementation(config: DecoderConfig, platform: str | None = None) -> str:
+    """The path a full forward pass's attention takes: "cudnn" or "xla".
+
+    "auto" resolves to cuDNN's fused kernel on GPUs with bfloat16 or float16 compute (the kernel
+    takes no float32), else to XLA. `platform`: the devices' ("gpu", "tpu", "cpu"); default
+    jax's default backend.
+    """
+    if config.attention != "auto":
+        return config.attention
+    platform = platform or jax.default_backend()
+    fused = platform in ("gpu", "cuda") and config.compute_dtype in ("bfloat16", "float16")
+    return "cudnn" if fused else "xla"
+
+
+def _fused_attention(q_BTNH, k_BTKH, v_BTKH, allowed_BTS):
+    """Attention through `jax.nn.dot_product_attention`'s cuDNN kernel: the mask (causal within
+    a segment, real keys) goes in as one [B, 1, T, S] boolean, broadcast over heads, and no
+    [B, N, T, S] score tensor is materialised."""
+    return jax.nn.dot_product_attention(
+        q_BTNH, k_BTKH, v_BTKH, mask=allowed_BTS[:, None], implementation="cudnn"
+    )
+
+
 def _param(value: jax.Array, spec: P, dtype: str) -> nnx.Param:
     # Placement is ours (jit out_shardings / make_array_from_callback), not flax's eager sharding.
     return nnx.Param(value.astype(dtype), out_sharding=spec, eager_sharding=False)
@@ -244,7 +267,11 @@ class DecoderLayers(nnx.Module):
             cache = (constrain(k_BKHS, s.cache_bkhs, mesh), constrain(v_BKSH, s.cache_bksh, mesh))
             k_BKHS, v_BKSH = cache
 
-        attn_BTNH = constrain(_attention(q_BTNH, k_BKHS, v_BKSH, allowed_BTS), s.act_btnh, mesh)
+        if cache is None and attention_implementation(c) == "cudnn":
+            attn_BTNH = _fused_attention(q_BTNH, k_BTKH, v_BTKH, allowed_BTS)
+        else:
+            attn_BTNH = _attention(q_BTNH, k_BKHS, v_BKSH, allowed_BTS)
+        attn_BTNH = constrain(attn_BTNH, s.act_btnh, mesh)
         out_BTD = _dense(attn_BTNH, self.o[...].astype(cdt), 2)
         if c.o_bias:
             out_BTD = out_BTD + self.o_bias[...].astype(cdt)
@@ -323,12 +350,18 @@ class Decoder(nnx.Module):
         tokens_BT: jax.Array,
         positions_BT: jax.Array,
         attention_mask_BT: jax.Array | None = None,
+        *,
+        segment_ids_BT: jax.Array | None = None,
     ) -> jax.Array:
-        """The final-normed hidden states h_BTD (inputs of the output projection)."""
+        """The final-normed hidden states h_BTD (inputs of the output projection).
+
+        `segment_ids_BT` (packed rows): a query attends only to keys of its own segment."""
         B, T = tokens_BT.shape
         mask_BT = jnp.ones((B, T), bool) if attention_mask_BT is None else attention_mask_BT
         index_T = jnp.arange(T)
         allowed_BTS = mask_BT.astype(bool)[:, None, :] & (index_T[None, :] <= index_T[:, None])
+        if segment_ids_BT is not None:
+            allowed_BTS &= segment_ids_BT[:, :, None] == segment_ids_BT[:, None, :]
         h_BTD, _ = self._run(tokens_BT, positions_BT, allowed_BTS, cache=None, cache_index=0)
         return h_BTD
 

@@ -279,7 +279,11 @@ def memory_plan(
     budget = _budget_bytes(settings)
     planner = Planner(settings, mesh, task, program)
     rollout_slots = min(settings.rollout_micro_batch_slots or planner.num_slots, planner.num_slots)
-    update_slots = planner.grpo_config.micro_batch_slots or planner.minibatch_slots
+    grpo = planner.grpo_config
+    if grpo.pack_sequences:
+        update_slots = grpo.packed_rows_per_pass(planner.minibatch_slots)
+    else:
+        update_slots = grpo.micro_batch_slots or planner.minibatch_slots
     kv_cache = planner.kv_cache_bytes(rollout_slots)
     optimizer = bytes_per_device(planner.opt_state)
     parameters = planner.parameter_bytes
@@ -300,6 +304,12 @@ def memory_plan(
         else "rollout: the trainer's rescoring of the engine's samples (compiled)",
         "update": f"update temporaries (compiled, {update_slots} slots per pass)",
     }
+    row_tokens = planner.prompt_width + settings.max_new_tokens
+    if grpo.pack_sequences:
+        labels["update"] = (
+            f"update temporaries (compiled, {update_slots} packed rows of {row_tokens} tokens "
+            "per pass)"
+        )
     if planner.external_engine:
         labels["kv_cache"] = "rollout KV cache (the external engine's own, not counted)"
     if planner.reference:
@@ -308,6 +318,12 @@ def memory_plan(
         f"R = {planner.num_slots} slots of P + M = {planner.prompt_width} + "
         f"{settings.max_new_tokens} tokens; mini-batches of {planner.minibatch_slots} slots",
     ]
+    if grpo.pack_sequences:
+        notes.append(
+            f"grpo.pack_sequences: each mini-batch's sequences packed into rows of {row_tokens} "
+            f"tokens, {update_slots} rows a pass, over the rows in use only (a pass holds what a "
+            f"padded micro-batch of {update_slots} slots does; set grpo.micro_batch_slots)"
+        )
     if planner.device.platform == "cpu" and c.compute_dtype != "float32":
         # Seen in its buffer assignment (the MLP's [tokens, F] activations as float32), and
         # the Qwen3-8B rollout's other buffers are 89 GiB computing in float32, 100 in bfloat16.

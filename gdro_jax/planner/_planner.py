@@ -198,9 +198,10 @@ class Planner:
         graphdef, params = self._policy(remat)
         grpo = self.grpo_config
         if slots is not None:
-            grpo = dataclasses.replace(
-                grpo, micro_batch_slots=_or_none(slots, self.minibatch_slots)
-            )
+            # Packed: passes of `slots` rows (a whole mini-batch's worth too); padded: None is
+            # one pass over the mini-batch.
+            micro = slots if grpo.pack_sequences else _or_none(slots, self.minibatch_slots)
+            grpo = dataclasses.replace(grpo, micro_batch_slots=micro)
         program = self.program.replace(graphdef=graphdef, grpo=grpo)
         state = program.abstract_state(params)
         lowered = program.update(state).lower(state, self.plan, self.prompt_ids, self.rollouts)

@@ -1,13 +1,32 @@
-"""The jitted KV-cache sampler and the matching per-token log-probabilities."""
+"""The jitted KV-cache sampler, the matching per-token log-probabilities, and sequences packed
+into fixed-length rows for the trainer's forward passes."""
 
 from gdro_jax.sampling._generate import FinishReason, GenerationResult, generate, sample_logits
 from gdro_jax.sampling._logprobs import completion_logprobs, sequence_logprobs
+from gdro_jax.sampling._packing import (
+    PackedRows,
+    pack_completions,
+    pack_layout,
+    packed_buffer_rows,
+    packed_completion_logprobs,
+    packed_passes,
+    packed_rows_logprobs,
+    unpack_completion_logprobs,
+)
 
 __all__ = [
     "FinishReason",
     "GenerationResult",
+    "PackedRows",
     "completion_logprobs",
     "generate",
+    "pack_completions",
+    "pack_layout",
+    "packed_buffer_rows",
+    "packed_completion_logprobs",
+    "packed_passes",
+    "packed_rows_logprobs",
     "sample_logits",
     "sequence_logprobs",
+    "unpack_completion_logprobs",
 ]

@@ -15,6 +15,7 @@ def sequence_logprobs(
     *,
     attention_mask_BT: jax.Array | None = None,
     positions_BT: jax.Array | None = None,
+    segment_ids_BT: jax.Array | None = None,
     temperature: jax.typing.ArrayLike = 1.0,
     chunk_size: int | None = None,
 ) -> jax.Array:
@@ -27,6 +28,9 @@ def sequence_logprobs(
       tokens_BT: token ids (left- or right-padded).
       attention_mask_BT: True for real tokens (None: all real).
       positions_BT: RoPE positions (default: 0 at each row's first real token, then counting).
+      segment_ids_BT: for packed rows (`pack_completions`), the sequence of each token: a token
+        attends to, and is predicted from, earlier tokens of its own segment only. None: one
+        sequence a row.
       temperature: the sampler's temperature (1 for a greedy sampler).
       chunk_size: run the output projection and softmax over this many positions at a time,
         rematerialised in the backward pass, so the [B, T, V] logits never exist at once (they
@@ -34,8 +38,8 @@ def sequence_logprobs(
         padded. None: all positions at once.
 
     Returns:
-      logprobs_BT float32; 0 where the token is padding or has no real token before it (a row's
-      first real token).
+      logprobs_BT float32; 0 where the token is padding or has no real token before it (a row's,
+      or a segment's, first real token).
     """
     B, T = tokens_BT.shape
     if attention_mask_BT is None:
@@ -44,7 +48,7 @@ def sequence_logprobs(
         mask_BT = attention_mask_BT.astype(bool)
     if positions_BT is None:
         positions_BT = jnp.maximum(jnp.cumsum(mask_BT, axis=1) - 1, 0)
-    h_BTD = model.hidden_states(tokens_BT, positions_BT, mask_BT)
+    h_BTD = model.hidden_states(tokens_BT, positions_BT, mask_BT, segment_ids_BT=segment_ids_BT)
     # Position t predicts token t+1; the last position predicts nothing (its target is a dummy).
     next_BT = jnp.concatenate([tokens_BT[:, 1:], jnp.zeros((B, 1), tokens_BT.dtype)], axis=1)
 
@@ -66,6 +70,9 @@ def sequence_logprobs(
         predicted_BT = predicted_nBC.swapaxes(0, 1).reshape(B, n * chunk_size)[:, :T]
     logprobs_BT = jnp.concatenate([jnp.zeros((B, 1), jnp.float32), predicted_BT[:, :-1]], axis=1)
     has_context_BT = jnp.concatenate([jnp.zeros((B, 1), bool), mask_BT[:, :-1]], axis=1)
+    if segment_ids_BT is not None:
+        same_segment_BT = segment_ids_BT[:, 1:] == segment_ids_BT[:, :-1]
+        has_context_BT &= jnp.concatenate([jnp.zeros((B, 1), bool), same_segment_BT], axis=1)
     return jnp.where(mask_BT & has_context_BT, logprobs_BT, 0.0)
 
 

@@ -31,6 +31,11 @@ class GRPOConfig:
       logprob_chunk_tokens: positions per output-projection chunk (None: all at once). Each
         chunk is recomputed in the backward pass, so the [slots, P + M, vocab] logits never
         exist at once.
+      pack_sequences: the update's forward and backward passes (and the rescoring of another
+        engine's samples) run on the slots' sequences packed into rows of P + M tokens
+        (`sampling.pack_completions`), in passes of `packed_rows_per_pass` rows over only the
+        rows in use: the cost follows the real tokens, not `R * (P + M)`. Equal to the padded
+        update up to float rounding. False: every slot padded to P + M.
     """
 
     num_minibatches: int = 2
@@ -45,6 +50,16 @@ class GRPOConfig:
     temperature: float = 1.0
     micro_batch_slots: int | None = None
     logprob_chunk_tokens: int | None = None
+    pack_sequences: bool = True
+
+    def packed_rows_per_pass(self, num_slots: int) -> int:
+        """Packed rows per forward/backward pass over `num_slots` sequences:
+        `micro_batch_slots` (a row of P + M tokens holds at most what a padded slot does, so a
+        pass needs no more memory than a padded micro-batch), else an eighth of the slots (at
+        least 1), so that short sequences save passes."""
+        if self.micro_batch_slots is not None:
+            return min(self.micro_batch_slots, num_slots)
+        return max(1, num_slots // 8)
 
     def __post_init__(self):
         if not isinstance(self.num_minibatches, int) or self.num_minibatches < 1:
@@ -68,6 +83,10 @@ class GRPOConfig:
             )
         if self.kl_coef < 0:
             raise ValueError(f"kl_coef must be >= 0, got kl_coef={self.kl_coef!r}")
+        if not isinstance(self.pack_sequences, bool):
+            raise ValueError(
+                f"pack_sequences must be True or False, got pack_sequences={self.pack_sequences!r}"
+            )
         if not self.temperature > 0:
             raise ValueError(f"temperature must be > 0, got temperature={self.temperature!r}")
         for name in ("micro_batch_slots", "logprob_chunk_tokens"):

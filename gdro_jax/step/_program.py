@@ -27,7 +27,7 @@ from jax.sharding import PartitionSpec as P
 
 from gdro_jax import models
 from gdro_jax.controllers import MultiAdversary
-from gdro_jax.sampling import completion_logprobs
+from gdro_jax.sampling import completion_logprobs, packed_completion_logprobs
 from gdro_jax.step._engines import (
     KVCacheEngine,
     RolloutConfig,
@@ -213,20 +213,29 @@ class StepProgram:
     @functools.cached_property
     def rescore(self) -> Callable:
         """Jitted `(params, rollouts) -> rollouts` whose `logprobs` are the trainer's of an
-        external engine's samples (one forward pass at the sampling temperature);
+        external engine's samples (a forward pass at the sampling temperature, on packed rows
+        with `grpo.pack_sequences`);
         `engine_logprobs` keep the engine's. The slots stay on the batch axes."""
 
         @jax.jit
         def rescore(params, rollouts: Rollouts) -> Rollouts:
-            logprobs = completion_logprobs(
+            arguments = (
                 nnx.merge(self.graphdef, params),
                 jnp.asarray(rollouts.prompt_tokens),
                 jnp.asarray(rollouts.prompt_lengths),
                 jnp.asarray(rollouts.tokens),
                 jnp.asarray(rollouts.lengths),
-                temperature=self.grpo.temperature,
-                chunk_size=self.grpo.logprob_chunk_tokens,
             )
+            options = dict(
+                temperature=self.grpo.temperature, chunk_size=self.grpo.logprob_chunk_tokens
+            )
+            if self.grpo.pack_sequences:
+                rows_per_pass = self.grpo.packed_rows_per_pass(self.num_slots)
+                logprobs = packed_completion_logprobs(
+                    *arguments, rows_per_pass=rows_per_pass, **options
+                )
+            else:
+                logprobs = completion_logprobs(*arguments, **options)
             return models.constrain_batch(self.mesh, rollouts._replace(logprobs=logprobs))
 
         return rescore

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from gdro_jax import losses, models
+from gdro_jax import losses, models, sampling
 from gdro_jax.controllers import MultiAdversary, Plan
 from gdro_jax.sampling import completion_logprobs
 from gdro_jax.step._engines import Rollouts
@@ -104,6 +104,13 @@ def minibatch_step(
     max_new_tokens = rollouts.tokens.shape[1]
     _check_micro_batches(config, idx.shape[0])
     normalizer = losses.aggregation_normalizer(mask_RM[idx])
+    if config.pack_sequences:
+        grads, (metrics, logp, ref_logp) = _packed_gradients(
+            graphdef, config, params, idx, rollouts=rollouts, weighted_adv_R=weighted_adv_R,
+            mask_RM=mask_RM, ref_params=ref_params, token_weight_RM=token_weight_RM,
+            normalizer=normalizer,
+        )  # fmt: skip
+        return _apply(tx, params, opt_state, grads, metrics, logp, ref_logp)
 
     def loss_fn(params, micro_idx):
         logp = _token_logprobs(graphdef, params, rollouts, micro_idx, config)
@@ -112,19 +119,15 @@ def minibatch_step(
             ref_logp = jax.lax.stop_gradient(
                 _token_logprobs(graphdef, ref_params, rollouts, micro_idx, config)
             )
-        loss, metrics = losses.policy_loss(
+        loss, metrics = _policy_loss(
+            config,
             logp,
             rollouts.logprobs[micro_idx],
             weighted_adv_R[micro_idx],
             mask_RM[micro_idx],
-            eps_low=config.eps_low,
-            eps_high=config.eps_high,
-            aggregation=config.aggregation,
-            kl_coef=config.kl_coef,
-            ref_logp_RT=ref_logp,
-            max_length=max_new_tokens,
-            normalizer=normalizer,
-            token_weight_RT=None if token_weight_RM is None else token_weight_RM[micro_idx],
+            ref_logp,
+            normalizer,
+            None if token_weight_RM is None else token_weight_RM[micro_idx],
         )
         ref_logp = jnp.zeros_like(logp) if ref_logp is None else ref_logp
         return loss, (metrics, jax.lax.stop_gradient(logp), ref_logp)
@@ -146,10 +149,106 @@ def minibatch_step(
         metrics = {name: jnp.sum(share_m) for name, share_m in shares.items()}
         logp = logp_mKM.reshape(idx.shape[0], max_new_tokens)
         ref_logp = ref_mKM.reshape(idx.shape[0], max_new_tokens)
+    return _apply(tx, params, opt_state, grads, metrics, logp, ref_logp)
+
+
+def _policy_loss(config: GRPOConfig, logp, old_logp, adv, mask, ref_logp, normalizer, weight):
+    """`losses.policy_loss` with the config's clip range, aggregation and KL coefficient; a
+    pass's share of its mini-batch (`normalizer`); Dr.GRPO's constant is M."""
+    return losses.policy_loss(
+        logp,
+        old_logp,
+        adv,
+        mask,
+        eps_low=config.eps_low,
+        eps_high=config.eps_high,
+        aggregation=config.aggregation,
+        kl_coef=config.kl_coef,
+        ref_logp_RT=ref_logp,
+        max_length=logp.shape[1],
+        normalizer=normalizer,
+        token_weight_RT=weight,
+    )
+
+
+def _apply(tx, params, opt_state, grads, metrics, logp, ref_logp):
+    """The optimizer step on the mini-batch's gradient: `minibatch_step`'s return value."""
     updates, opt_state = tx.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
     metrics = dict(metrics, grad_norm=optax.tree.norm(grads))
     return (params, opt_state), (metrics, logp, ref_logp)
+
+
+def _packed_gradients(
+    graphdef, config: GRPOConfig, params, idx, *, rollouts: Rollouts, weighted_adv_R, mask_RM,
+    ref_params, token_weight_RM, normalizer,
+):  # fmt: skip
+    """The mini-batch's gradient, metrics and log-probs from its sequences packed into rows
+    (`sampling.pack_completions`), in passes of `config.packed_rows_per_pass(S)` rows over only
+    the rows in use (a `lax.fori_loop` with a traced trip count).
+
+    A pass's loss is `losses.policy_loss` over the mini-batch's `[S, M]` layout with the mask of
+    the slots its rows hold, divided by the whole mini-batch's counts: its shares sum over the
+    passes to the mini-batch's loss, gradient and metrics, as the padded micro-batches' do.
+    """
+    num_slots, max_new_tokens = idx.shape[0], rollouts.tokens.shape[1]
+    rows_per_pass = config.packed_rows_per_pass(num_slots)
+    prompt_lengths_S, lengths_S = rollouts.prompt_lengths[idx], rollouts.lengths[idx]
+    packed = sampling.pack_completions(
+        rollouts.prompt_tokens[idx],
+        prompt_lengths_S,
+        rollouts.tokens[idx],
+        lengths_S,
+        num_rows=sampling.packed_buffer_rows(num_slots, rows_per_pass),
+    )
+    old_logp_SM, mask_SM = rollouts.logprobs[idx], mask_RM[idx]
+    adv_S = weighted_adv_R[idx]
+    token_weight_SM = None if token_weight_RM is None else token_weight_RM[idx]
+
+    def completion_logprobs(params, first_row):
+        logp_BL = sampling.packed_rows_logprobs(
+            nnx.merge(graphdef, params), packed, first_row, rows_per_pass,
+            temperature=config.temperature, chunk_size=config.logprob_chunk_tokens,
+        )  # fmt: skip
+        return sampling.unpack_completion_logprobs(
+            logp_BL, packed, first_row, prompt_lengths_S, lengths_S, max_new_tokens
+        )
+
+    def loss_fn(params, first_row):
+        logp_SM, in_pass_S = completion_logprobs(params, first_row)
+        # Tokens of other passes: ratio 1 (their mask is off; this keeps their terms finite).
+        logp_SM = jnp.where(in_pass_S[:, None], logp_SM, old_logp_SM)
+        ref_SM = None
+        if config.kl_coef > 0:
+            ref_SM = jax.lax.stop_gradient(completion_logprobs(ref_params, first_row)[0])
+        loss, metrics = _policy_loss(
+            config,
+            logp_SM,
+            old_logp_SM,
+            adv_S,
+            mask_SM & in_pass_S[:, None],
+            ref_SM,
+            normalizer,
+            token_weight_SM,
+        )
+        logp_SM = jnp.where(in_pass_S[:, None], jax.lax.stop_gradient(logp_SM), 0.0)
+        ref_SM = jnp.zeros_like(logp_SM) if ref_SM is None else ref_SM
+        return loss, (metrics, logp_SM, ref_SM)
+
+    loss_and_grad = jax.value_and_grad(loss_fn, has_aux=True)
+
+    def one_pass(index, sums):
+        (_, outputs), grads = loss_and_grad(params, index * rows_per_pass)
+        return jax.tree.map(jnp.add, sums, (grads, outputs))
+
+    shapes = jax.eval_shape(loss_and_grad, params, 0)
+    zeros = (
+        _zero_gradients(graphdef, params),
+        jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes[0][1]),
+    )
+    num_passes = sampling.packed_passes(packed, rows_per_pass)
+    grads, outputs = jax.lax.fori_loop(0, num_passes, one_pass, zeros)
+    return grads, outputs
 
 
 def _in_slot_order(values_bSM: jax.Array, minibatch_idx: jax.Array, like_RM: jax.Array):
@@ -214,8 +313,10 @@ def make_update(
         )
     slots_per_minibatch = num_slots // config.num_minibatches
     if config.micro_batch_slots is not None and config.micro_batch_slots >= slots_per_minibatch:
-        # At most that many slots per pass: a mini-batch that small is one pass, as unset.
-        config = dataclasses.replace(config, micro_batch_slots=None)
+        # At most that many slots per pass: a mini-batch that small is one pass (padded: as
+        # unset; packed: passes of a whole mini-batch's rows).
+        whole = slots_per_minibatch if config.pack_sequences else None
+        config = dataclasses.replace(config, micro_batch_slots=whole)
     _check_micro_batches(config, slots_per_minibatch, num_slots)
     if group_filter is not None and group_filter.num_groups != num_prompts:
         raise ValueError(

@@ -103,6 +103,7 @@ def _greedy(model, prompts):
     return np.asarray(result.tokens).tolist(), np.asarray(result.lengths).tolist()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(MESHES))
 def test_the_policy_alone_is_restored_on_one_device_with_the_final_parameters(runs, name):
     workdir, final, _ = runs[name]
@@ -114,6 +115,7 @@ def test_the_policy_alone_is_restored_on_one_device_with_the_final_parameters(ru
         np.testing.assert_array_equal(np.asarray(got), want)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(MESHES))
 def test_a_one_device_process_opens_the_run_without_the_trainer_and_decodes_as_the_mesh_does(
     runs, name

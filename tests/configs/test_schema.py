@@ -136,19 +136,34 @@ def test_a_config_saved_before_a_field_existed_resumes_under_its_default():
 
 def test_the_canonical_form_ignores_fields_at_their_defaults():
     schema = configs.run_schema()
-    assert configs.canonical(configs.run_config(), schema) == {}
+    # grpo.pack_sequences: on by default, but the configs written before it existed (the
+    # declared study's stored stamps) ran padded, so "on" is what the canonical form names.
+    packed = {"grpo": {"pack_sequences": True}}
+    assert configs.canonical(configs.run_config(), schema) == packed
     explicit = configs.run_config()
     explicit.grpo.eps_high = 0.28  # the default, set by hand
     left_out = configs.config_dict(configs.run_config())
-    del left_out["grpo"]
-    assert configs.canonical(explicit, schema) == configs.canonical(left_out, schema) == {}
+    del left_out["grpo"]["eps_high"]
+    assert configs.canonical(explicit, schema) == configs.canonical(left_out, schema) == packed
     changed = configs.run_config()
-    changed.grpo.eps_high = 0.3
+    changed.grpo.update(eps_high=0.3, pack_sequences=False)
     changed.classifier.edges = (0.5,)
     assert configs.canonical(changed, schema) == {
         "grpo": {"eps_high": 0.3},
         "classifier": {"edges": (0.5,)},
     }
+
+
+def test_a_config_from_before_packing_canonicalises_as_one_pinned_padded():
+    """A stored config without `grpo.pack_sequences` ran padded: its canonical form (and so a
+    study run's stamp) equals that of today's config pinning it off, not of the default."""
+    schema = configs.run_schema()
+    before = configs.config_dict(configs.run_config())
+    del before["grpo"]["pack_sequences"]
+    pinned = configs.run_config()
+    pinned.grpo.pack_sequences = False
+    assert configs.canonical(before, schema) == configs.canonical(pinned, schema) == {}
+    assert configs.canonical(configs.run_config(), schema) != {}
 
 
 def test_run_settings_are_read_once_and_typed():

@@ -2,7 +2,8 @@
 
 Loaded by `--config=tests/train/_resume_config.py` in the subprocesses of `test_resume.py` (and
 in process by `test_checkpoint.py`): 8 steps, a checkpoint every step with the last two kept,
-and the KL term on, so `ref_params` is checkpointed too.
+the KL term on, so `ref_params` is checkpointed too, and the packed update (the default, stated
+here: kill and resume stay bit for bit with packing on).
 """
 
 import ml_collections
@@ -20,5 +21,6 @@ def get_config() -> ml_collections.ConfigDict:
             "rollout_gdro.n_max": 4,
             "checkpoint.every_steps": 1,
             "checkpoint.keep": 2,
+            "grpo.pack_sequences": True,
         },
     )

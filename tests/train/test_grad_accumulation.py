@@ -150,6 +150,8 @@ def setup():
 
 
 def _grpo(aggregation, kl_coef, micro_batch_slots, **overrides):
+    """The update's config; padded (micro-batches of slots) unless `overrides` say otherwise."""
+    overrides = {"pack_sequences": False, **overrides}
     return GRPOConfig(
         num_minibatches=NUM_MINIBATCHES,
         eps_low=EPS_LOW,
@@ -162,8 +164,9 @@ def _grpo(aggregation, kl_coef, micro_batch_slots, **overrides):
     )
 
 
-def _one_minibatch(setup, grpo):
-    """`minibatch_step` on the first mini-batch: gradients, parameters, metrics, log-probs."""
+def _one_minibatch(setup, grpo, token_weight_RM=None):
+    """`minibatch_step` on the first mini-batch (its tokens' surrogate terms weighted by
+    `token_weight_RM`, if given): gradients, parameters, metrics, log-probs."""
     state, batch = setup["state"], setup["batch"]
     mask_RM = jnp.arange(MAX_NEW_TOKENS)[None] < batch.lengths[:, None]
     step = functools.partial(
@@ -175,6 +178,7 @@ def _one_minibatch(setup, grpo):
         weighted_adv_R=setup["weighted_adv_R"],
         mask_RM=mask_RM,
         ref_params=state.ref_params if grpo.kl_coef > 0 else None,
+        token_weight_RM=token_weight_RM,
     )
     (params, opt_state), (metrics, logp, ref_logp) = jax.jit(step, compiler_options=COMPILE)(
         (state.params, state.opt_state), setup["idx"]
@@ -247,8 +251,10 @@ def _scan_lengths(jaxpr) -> list[int]:
     return found
 
 
-def test_a_sharded_update_equals_the_unaccumulated_and_compiles_once(setup):
-    # The policy on a 2 x 2 x 2 mesh (8 fake CPU devices); the rest replicated, as in build_run.
+def sharded(setup):
+    """`setup`'s state, plan and batch with the policy on a 2 x 2 x 2 mesh (8 fake CPU devices)
+    and the rest replicated, as in build_run: `(graphdef, state, plan, prompt_ids, batch,
+    replicated)`."""
     mesh = models.make_mesh(2, 2, 2)
     replicated = NamedSharding(mesh, P())
     graphdef, state = init_train_state(
@@ -264,6 +270,11 @@ def test_a_sharded_update_equals_the_unaccumulated_and_compiles_once(setup):
     plan, prompt_ids, batch = jax.device_put(
         (setup["plan"], setup["prompt_ids"], setup["batch"]), replicated
     )
+    return graphdef, state, plan, prompt_ids, batch, replicated
+
+
+def test_a_sharded_update_equals_the_unaccumulated_and_compiles_once(setup):
+    graphdef, state, plan, prompt_ids, batch, replicated = sharded(setup)
 
     def build(micro):
         grpo = _grpo("seq_mean_token_mean", KL_COEF, micro, loss_signal="surrogate_kl")

@@ -97,6 +97,7 @@ def test_the_trainer_samples_and_syncs_through_a_plugged_in_engine():
         assert not all(map(np.array_equal, jax.tree.leaves(before), jax.tree.leaves(after)))
 
 
+@pytest.mark.slow
 def test_micro_batches_change_no_rollout_of_the_trainer():
     run = train.build_run(small_run_config("grpo"))  # R = 4 x 2 = 8 slots, all at once
     ids = jnp.asarray(next(run.prompt_batches), jnp.int32)
