@@ -229,6 +229,7 @@ def from_pretrained(
     sharding: ShardingConfig | None = None,
     remat: bool = False,
     scan_layers: bool = True,
+    attention: str = "auto",
 ) -> Decoder:
     """Loads a HuggingFace Qwen3 / Llama / Qwen2 model folder into a Decoder.
 
@@ -243,6 +244,8 @@ def from_pretrained(
       remat: recompute block activations in the backward pass.
       scan_layers: run a full forward pass's blocks as one `lax.scan` (False: unrolled, faster
         on CPU; see DecoderConfig).
+      attention: the attention backend of a full forward pass ("auto", "xla" or "cudnn"; see
+        DecoderConfig).
 
     Returns:
       The Decoder, its parameters placed on their shards.
@@ -260,6 +263,7 @@ def from_pretrained(
         compute_dtype=jnp.dtype(compute_dtype or dtype).name,
         remat=remat,
         scan_layers=scan_layers,
+        attention=attention,
     )
     abstract = abstract_decoder(config, sharding=sharding, mesh=mesh)
     graphdef, abstract_state = nnx.split(abstract)
