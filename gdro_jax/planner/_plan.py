@@ -307,8 +307,8 @@ def memory_plan(
     row_tokens = planner.prompt_width + settings.max_new_tokens
     if grpo.pack_sequences:
         labels["update"] = (
-            f"update temporaries (compiled, {update_slots} packed rows of {row_tokens} tokens "
-            "per pass)"
+            f"update temporaries (compiled, {update_slots} packed "
+            f"row{'s' if update_slots > 1 else ''} of {row_tokens} tokens per pass)"
         )
     if planner.external_engine:
         labels["kv_cache"] = "rollout KV cache (the external engine's own, not counted)"

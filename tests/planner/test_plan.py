@@ -217,3 +217,11 @@ def test_each_size_prints_in_the_unit_that_fits_it():
     assert planner.format_size(int(45.6 * 1024**3)) == "45.6 GiB"
     assert planner.format_size(3 * 1024**4) == "3.00 TiB"
     assert planner.format_size(5000 * 1024**4) == "5000 TiB"
+
+
+def test_the_update_line_names_its_packed_rows_and_their_tokens(plan):
+    """The small run packs (the default): R = 8 slots in 2 mini-batches of 4, P + M = 19 + 8
+    tokens a row, an eighth of a mini-batch's slots (at least 1) a pass."""
+    assert plan.update_slots == 1
+    assert "update temporaries (compiled, 1 packed row of 27 tokens per pass)" in plan.table()
+    assert "grpo.pack_sequences: each mini-batch's sequences packed into rows of 27" in plan.table()
