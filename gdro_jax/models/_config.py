@@ -64,8 +64,8 @@ class DecoderConfig:
         independent of depth; the unrolled loop is faster on CPU, where the scan's stacked
         residual buffers cost memory traffic, and compiles in time growing with depth. The
         sampler's cached path is always unrolled.
-      attention: how a full forward pass without a KV cache (the trainer's log-probs and
-        update) computes attention: "xla" (an einsum and a float32 softmax, materialising the
+      attention: the trainer's attention backend, "auto", "xla" or "cudnn". It serves a full
+        forward pass without a KV cache (the trainer's log-probs and update): "xla" (an einsum and a float32 softmax, materialising the
         [T, S] scores of every head), "cudnn" (`jax.nn.dot_product_attention`'s fused cuDNN
         kernel: no score tensor; GPUs, bfloat16 or float16 compute) or "auto" (cudnn where it
         applies, else xla).

@@ -115,8 +115,8 @@ def pack_completions(
     target_ST = (row_S * row_length + start_S)[:, None] + column_T[None]
     target_ST = jnp.where(column_T[None] < lengths_S[:, None], target_ST, num_rows * row_length)
 
-    def scatter(values_ST, fill=0):
-        flat = jnp.full((num_rows * row_length,), fill, jnp.int32)
+    def scatter(values_ST):
+        flat = jnp.zeros((num_rows * row_length,), jnp.int32)
         flat = flat.at[target_ST.reshape(-1)].set(values_ST.reshape(-1), mode="drop")
         return flat.reshape(num_rows, row_length)
 

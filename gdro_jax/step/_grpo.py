@@ -31,11 +31,12 @@ class GRPOConfig:
       logprob_chunk_tokens: positions per output-projection chunk (None: all at once). Each
         chunk is recomputed in the backward pass, so the [slots, P + M, vocab] logits never
         exist at once.
-      pack_sequences: the update's forward and backward passes (and the rescoring of another
-        engine's samples) run on the slots' sequences packed into rows of P + M tokens
-        (`sampling.pack_completions`), in passes of `packed_rows_per_pass` rows over only the
-        rows in use: the cost follows the real tokens, not `R * (P + M)`. Equal to the padded
-        update up to float rounding. False: every slot padded to P + M.
+      pack_sequences: pack the sequences into rows and run only the rows in use. The update's
+        forward and backward passes (and the rescoring of another engine's samples) then run on
+        the slots' sequences packed into rows of P + M tokens (`sampling.pack_completions`), in
+        passes of `packed_rows_per_pass` rows over only the rows in use: the cost follows the
+        real tokens, not `R * (P + M)`. Equal to the padded update up to float rounding. False:
+        every slot padded to P + M.
     """
 
     num_minibatches: int = 2

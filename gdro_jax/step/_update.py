@@ -216,23 +216,26 @@ def _packed_gradients(
 
     def loss_fn(params, first_row):
         logp_SM, in_pass_S = completion_logprobs(params, first_row)
-        # Tokens of other passes: ratio 1 (their mask is off; this keeps their terms finite).
-        logp_SM = jnp.where(in_pass_S[:, None], logp_SM, old_logp_SM)
+        own_S1 = in_pass_S[:, None]
+        # Tokens of other passes: ratio 1 and k3 0 (their mask is off; this keeps their terms,
+        # and so the gradient, finite).
+        logp_SM = jnp.where(own_S1, logp_SM, old_logp_SM)
         ref_SM = None
         if config.kl_coef > 0:
             ref_SM = jax.lax.stop_gradient(completion_logprobs(ref_params, first_row)[0])
+            ref_SM = jnp.where(own_S1, ref_SM, old_logp_SM)
         loss, metrics = _policy_loss(
             config,
             logp_SM,
             old_logp_SM,
             adv_S,
-            mask_SM & in_pass_S[:, None],
+            mask_SM & own_S1,
             ref_SM,
             normalizer,
             token_weight_SM,
         )
-        logp_SM = jnp.where(in_pass_S[:, None], jax.lax.stop_gradient(logp_SM), 0.0)
-        ref_SM = jnp.zeros_like(logp_SM) if ref_SM is None else ref_SM
+        logp_SM = jnp.where(own_S1, jax.lax.stop_gradient(logp_SM), 0.0)
+        ref_SM = jnp.zeros_like(logp_SM) if ref_SM is None else jnp.where(own_S1, ref_SM, 0.0)
         return loss, (metrics, logp_SM, ref_SM)
 
     loss_and_grad = jax.value_and_grad(loss_fn, has_aux=True)

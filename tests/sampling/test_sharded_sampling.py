@@ -31,7 +31,11 @@ def models(tmp_path_factory):
 
 @pytest.mark.parametrize(
     "temperature, top_k, top_p, micro_batch_slots",
-    [(0.0, 0, 1.0, None), (1.0, 10, 0.9, None), (1.0, 10, 0.9, 4)],
+    [
+        (0.0, 0, 1.0, None),
+        pytest.param(1.0, 10, 0.9, None, marks=pytest.mark.slow),
+        (1.0, 10, 0.9, 4),
+    ],
 )
 def test_sharded_sampling_equals_single_device(
     models, temperature, top_k, top_p, micro_batch_slots
@@ -87,6 +91,7 @@ def _per_layer(config: DecoderConfig, **shapes) -> float:
     return (deep - shallow) / 2
 
 
+@pytest.mark.slow
 def test_rollout_holds_each_layers_prefix_rows_on_their_devices_only():
     """A layer adds its shards of the chunk's KV cache and of the shared prefill cache, nothing
     more: gathering a chunk's prefix rows from a cache split by prompt would first build the
@@ -99,6 +104,7 @@ def test_rollout_holds_each_layers_prefix_rows_on_their_devices_only():
     assert growth < 1.5 * own_shards, (growth, own_shards)
 
 
+@pytest.mark.slow
 def test_rollout_gathers_each_layers_weights_once():
     """The prefill and the decode loop read one gathered copy of the weights: a layer adds at
     most one gathered copy (in float32: XLA:CPU computes bfloat16 dots in float32), not one for

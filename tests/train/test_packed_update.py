@@ -177,7 +177,16 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module", params=CASES, ids=lambda c: "{}-kl{}-micro{}-tis{}".format(*c))
+# Three in `make test` (each aggregation once, KL on and off, both pass sizes, TIS), all six in
+# the slow tier.
+FAST_CASES = {CASES[0], CASES[3], CASES[5]}
+
+
+@pytest.fixture(
+    scope="module",
+    params=[c if c in FAST_CASES else pytest.param(c, marks=pytest.mark.slow) for c in CASES],
+    ids=lambda c: "{}-kl{}-micro{}-tis{}".format(*c),
+)
 def outcomes(request, setup):  # noqa: F811
     aggregation, kl_coef, micro, tis = request.param
     weights = _tis_weights(setup["batch"]) if tis else None

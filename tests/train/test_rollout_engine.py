@@ -166,7 +166,9 @@ def test_logprobs_from_engine_is_refused_for_the_kv_cache_engine():
         train.build_run(small_run_config("grpo", **{"rollout.logprobs_from": "engine"}))
 
 
-@pytest.mark.parametrize("logprobs_from", ["trainer", "engine"])
+@pytest.mark.parametrize(
+    "logprobs_from", [pytest.param("trainer", marks=pytest.mark.slow), "engine"]
+)
 def test_another_engines_tokens_are_weighted_by_the_truncated_ratio(logprobs_from):
     """One mini-batch, at the step's own parameters (ratio 1): the policy loss is
     -sum_t w_t A_i / tokens, with w_t = min(pi_trainer / pi_engine, C) under logprobs_from=engine

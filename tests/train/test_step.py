@@ -176,6 +176,7 @@ def test_two_steps_on_one_device_and_an_eight_device_mesh_agree(gdro_both_one_de
         np.testing.assert_allclose(np.asarray(b), a, atol=3e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_knapsack_allocates_by_prompt_without_recompiling():
     """Knapsack-RL in the trainer (parity reward, every prompt back each second step, a history
     of one visit): per-prompt rollouts that differ and sum to R, logged per prompt, one compile."""
@@ -195,6 +196,7 @@ def test_knapsack_allocates_by_prompt_without_recompiling():
     assert all(len(row["prompt/ids"]) == config.num_prompts for row in rows)
 
 
+@pytest.mark.slow
 def test_mopps_draws_its_batches_from_its_posteriors_without_recompiling():
     """MoPPS in the trainer (parity reward, a pool of 16): each batch is 8 distinct prompts of
     the pool drawn by the sampler (not the data order), and the posteriors after 4 steps equal a
