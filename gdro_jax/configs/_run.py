@@ -290,7 +290,10 @@ def chain_task_config(config: Mapping[str, Any]) -> tasks.ChainTaskConfig:
 
 
 def read_run_config(
-    config: Mapping[str, Any] | RunSettings, *, num_devices: int | None = None
+    config: Mapping[str, Any] | RunSettings,
+    *,
+    num_devices: int | None = None,
+    needs_tokenizer: bool = True,
 ) -> RunSettings:
     """Checks a run config and returns its `RunSettings` (module docstring).
 
@@ -299,6 +302,8 @@ def read_run_config(
         leaves out takes the schema's default (`configs.run_config()`). `RunSettings` are
         returned as they are (already checked).
       num_devices: the devices the mesh may use (default: `jax.device_count()`).
+      needs_tokenizer: a math run must name its tokenizer (`tokenizer` or `init_from`); False
+        for what needs only shapes (a memory plan).
 
     Returns:
       The `RunSettings`; `settings.config` holds every field.
@@ -338,7 +343,7 @@ def read_run_config(
         chain = _built("task", tasks.ChainTaskConfig, config.task.to_dict())
     else:
         math_task = _built("math", tasks.MathTaskConfig, config.math.to_dict())
-    if kind == "math":
+    if kind == "math" and needs_tokenizer:
         tokenizer_folder(config)
     # The factories check their fields. A math pool's size is known once the data is read: its
     # decisions are built then (by `step_program`), these only checked.

@@ -65,11 +65,11 @@ class DecoderConfig:
         residual buffers cost memory traffic, and compiles in time growing with depth. The
         sampler's cached path is always unrolled.
       attention: the trainer's attention backend, "auto", "xla" or "cudnn". It serves a full
-        forward pass without a KV cache (the trainer's log-probs and update): "xla" (an einsum and a float32 softmax, materialising the
-        [T, S] scores of every head), "cudnn" (`jax.nn.dot_product_attention`'s fused cuDNN
-        kernel: no score tensor; GPUs, bfloat16 or float16 compute) or "auto" (cudnn where it
-        applies, else xla).
-        The sampler (prefill and decode, over the KV cache) always takes the xla path.
+        forward pass without a KV cache (the trainer's log-probs and update): "xla" (an einsum
+        and a float32 softmax, materialising the [T, S] scores of every head), "cudnn"
+        (`jax.nn.dot_product_attention`'s fused cuDNN kernel: no score tensor; GPUs, bfloat16
+        or float16 compute) or "auto" (cudnn where it applies, else xla). The sampler (prefill
+        and decode, over the KV cache) always takes the xla path.
       bos_token_id: from config.json, kept for the round trip.
       eos_token_ids: from config.json, a convenient default stop set for the sampler.
       pad_token_id: from config.json, kept for the round trip.

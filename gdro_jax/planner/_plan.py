@@ -214,7 +214,8 @@ def _settings(config: Mapping[str, Any] | configs.RunSettings, shape) -> configs
         )
     if isinstance(config, configs.RunSettings):
         return config
-    return configs.read_run_config(config, num_devices=int(np.prod(shape)))
+    # Shapes only: a math run's width is its `max_prompt_tokens`, no tokenizer is read.
+    return configs.read_run_config(config, num_devices=int(np.prod(shape)), needs_tokenizer=False)
 
 
 def _budget_bytes(settings: configs.RunSettings) -> int | None:

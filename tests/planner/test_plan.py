@@ -225,3 +225,15 @@ def test_the_update_line_names_its_packed_rows_and_their_tokens(plan):
     assert plan.update_slots == 1
     assert "update temporaries (compiled, 1 packed row of 27 tokens per pass)" in plan.table()
     assert "grpo.pack_sequences: each mini-batch's sequences packed into rows of 27" in plan.table()
+
+
+def test_a_math_run_is_planned_without_a_tokenizer():
+    """A memory plan needs shapes only: a math config whose `tokenizer` and `init_from` are
+    empty (as the paper presets ship) is planned at its `max_prompt_tokens`, packed rows
+    included; training it still refuses, naming the field."""
+    config = small_config(**{"task_kind": "math", "math.max_prompt_tokens": 12, "mesh.fsdp": 1})
+    assert not config.tokenizer and not config.init_from
+    table = planner.memory_plan(config).table()
+    assert "packed row of 20 tokens per pass" in table, table
+    with pytest.raises(ValueError, match="the math task needs a tokenizer"):
+        configs.read_run_config(config)
