@@ -61,6 +61,7 @@ LONG_FILES_FIRST = (
     "tests/train/test_resume.py",
     "tests/train/test_multiprocess.py",
     "tests/planner/test_step_program.py",
+    "tests/train/test_packed_update.py",
     "tests/train/test_step.py",
     "tests/study/test_compare.py",
     "tests/train/test_math_task.py",
