@@ -131,8 +131,8 @@ def attention_implementation(config: DecoderConfig, platform: str | None = None)
     """The path a full forward pass's attention takes: "cudnn" or "xla".
 
     "auto" resolves to cuDNN's fused kernel on GPUs with bfloat16 or float16 compute (the kernel
-    takes no float32), else to XLA. `platform`: the devices' ("gpu", "tpu", "cpu"); default
-    jax's default backend.
+    takes no float32), else to XLA. `platform`: the devices' ("gpu", "tpu", "cpu"), the
+    model's mesh's when it has one; default jax's default backend.
     """
     if config.attention != "auto":
         return config.attention
@@ -267,7 +267,8 @@ class DecoderLayers(nnx.Module):
             cache = (constrain(k_BKHS, s.cache_bkhs, mesh), constrain(v_BKSH, s.cache_bksh, mesh))
             k_BKHS, v_BKSH = cache
 
-        if cache is None and attention_implementation(c) == "cudnn":
+        platform = None if mesh is None else mesh.devices.flat[0].platform
+        if cache is None and attention_implementation(c, platform) == "cudnn":
             attn_BTNH = _fused_attention(q_BTNH, k_BTKH, v_BTKH, allowed_BTS)
         else:
             attn_BTNH = _attention(q_BTNH, k_BKHS, v_BKSH, allowed_BTS)

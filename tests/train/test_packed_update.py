@@ -210,17 +210,21 @@ def test_the_packed_mini_batch_equals_the_padded(outcomes):
     assert np.abs(want["logp"]).max() > 0.1
 
 
-def test_a_pass_covers_fewer_rows_than_slots(setup):  # noqa: F811
-    """The batch's 16 sequences of a mini-batch (prompts of 2-5 tokens, completions of 0-6) fit
-    in fewer rows of P + M = 11 tokens than the slots: packed passes skip the rest."""
+def test_passes_cover_only_the_rows_in_use(setup):  # noqa: F811
+    """A mini-batch's 16 sequences (prompts of 2-5 tokens, completions of 0-6) take the rows the
+    first-fit-decreasing loop gives, fewer than the slots, and the passes of k rows cover those
+    rows and no more."""
     batch, idx = setup["batch"], setup["idx"]
+    prompt_lengths, lengths = batch.prompt_lengths[idx], batch.lengths[idx]
     packed = sampling.pack_completions(
-        batch.prompt_tokens[idx], batch.prompt_lengths[idx], batch.tokens[idx], batch.lengths[idx]
+        batch.prompt_tokens[idx], prompt_lengths, batch.tokens[idx], lengths
     )
-    tokens = int(jnp.sum(batch.prompt_lengths[idx] + batch.lengths[idx]))
-    assert int(packed.num_rows_used) == -(-tokens // 11) or int(packed.num_rows_used) <= 12
-    assert int(packed.num_rows_used) < len(idx)
-    assert int(sampling.packed_passes(packed, 2)) == -(-int(packed.num_rows_used) // 2)
+    row_length = batch.prompt_tokens.shape[1] + MAX_NEW_TOKENS
+    _, _, want_rows = _first_fit_decreasing(list(np.asarray(prompt_lengths + lengths)), row_length)
+    assert int(packed.num_rows_used) == want_rows < len(idx)
+    for rows_per_pass in (1, 2, 3, len(idx)):
+        passes = int(sampling.packed_passes(packed, rows_per_pass))
+        assert (passes - 1) * rows_per_pass < want_rows <= passes * rows_per_pass
 
 
 # ------------------------------------------------------------------ the whole update, sharded
