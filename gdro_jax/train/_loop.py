@@ -210,6 +210,7 @@ def _train_loop(run: Run, workdir, *, manager=None, resumed: checkpoint.Checkpoi
     )
     try:
         with stop_on_signals() as stop, logging_above_bars():
+            stop.steps = settings.steps
             for step_index in range(start, settings.steps):
                 stop.step = step_index + 1
                 prompt_ids = next(run.prompt_batches)
@@ -230,7 +231,7 @@ def _train_loop(run: Run, workdir, *, manager=None, resumed: checkpoint.Checkpoi
                 )
                 last = step_index + 1 == settings.steps
                 # Several processes stop together: a signal to any one stops them all here.
-                signum = agreed_signal(stop.signum)
+                signum = agreed_signal(stop.poll())
                 if step_index + 1 in settings.checkpoint.snapshot_steps:
                     _save_policy(run, state, snapshot_path(workdir, step_index + 1))
                 path = None

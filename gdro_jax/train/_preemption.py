@@ -34,12 +34,38 @@ class TrainingInterrupted(KeyboardInterrupt):
 
 
 class StopRequest:
-    """Set by `stop_on_signals`: `signum` is the first stop signal received, else None. The loop
-    sets `step`, the step in flight, which the notice names."""
+    """Set by `stop_on_signals`: `signum` is the first stop signal received, else None.
+
+    The loop sets `step`, the step in flight, and `steps`, the run's last step, and reads the
+    request with `poll()` once per step, after the step's work. The signal's notice names the step
+    the run stops after, and `poll()` keeps that promise: a signal that arrives after step `s` was
+    polled stops the run after step `s + 1`.
+    """
 
     def __init__(self):
         self.signum: int | None = None
         self.step: int | None = None
+        self.steps: int | None = None
+        self.stop_after: int | None = None  # the step the notice named
+        self._polled: int | None = None
+
+    def poll(self) -> int | None:
+        """The stop signal, if the run is to stop after the step in flight; else None."""
+        # Marked first, then read: a handler that runs in between has already named the next step.
+        self._polled = self.step
+        if self.signum is None or (self.stop_after is not None and self.stop_after > self.step):
+            return None
+        return self.signum
+
+    def _request(self, signum: int) -> str:
+        """Records the first signal; returns what the run finishes before it stops."""
+        self.signum = signum
+        if self.step is None:
+            return "the current step"
+        self.stop_after = self.step + (self._polled == self.step)
+        if self.steps is not None and self.stop_after > self.steps:
+            return "the run"
+        return f"step {self.stop_after}"
 
 
 @contextlib.contextmanager
@@ -61,11 +87,10 @@ def stop_on_signals(signums: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)):
         del frame
         if request.signum is not None:
             raise KeyboardInterrupt(f"{signal.Signals(signum).name} received twice")
-        request.signum = signum
-        step = f"step {request.step}" if request.step is not None else "the current step"
+        finishing = request._request(signum)
         notice(
-            f"{signal.Signals(signum).name} received: finishing {step} and saving a checkpoint "
-            "(send it again to stop at once)"
+            f"{signal.Signals(signum).name} received: finishing {finishing} and saving a "
+            "checkpoint (send it again to stop at once)"
         )
 
     previous = {signum: signal.signal(signum, handler) for signum in signums}

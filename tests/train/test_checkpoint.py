@@ -286,6 +286,32 @@ def test_the_first_stop_signal_is_a_request_and_the_second_interrupts():
     assert signal.getsignal(signal.SIGTERM) is previous
 
 
+def test_a_signal_after_the_steps_check_stops_the_run_after_the_step_its_notice_names(capfd):
+    # The race CI met: Ctrl-C lands after step 4's check, before step 5 begins. The notice must
+    # name step 5, and the loop must stop after step 5, not 4.
+    with stop_on_signals() as stop:
+        stop.steps = 10
+        stop.step = 4
+        assert stop.poll() is None  # step 4's check: no signal yet
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert "SIGTERM received: finishing step 5 " in capfd.readouterr().err
+        assert stop.poll() is None  # still step 4: the run goes on
+        stop.step = 5
+        assert stop.poll() == signal.SIGTERM
+    # Before the check, the step in flight is the one named and the one stopped after.
+    with stop_on_signals() as stop:
+        stop.steps, stop.step = 10, 4
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert "SIGTERM received: finishing step 4 " in capfd.readouterr().err
+        assert stop.poll() == signal.SIGTERM
+    # After the last step's check the run ends as it would have.
+    with stop_on_signals() as stop:
+        stop.steps = stop.step = 10
+        assert stop.poll() is None
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert "SIGTERM received: finishing the run " in capfd.readouterr().err
+
+
 def test_checkpoint_options_are_validated():
     config = _config()
     settings = configs.read_run_config(config).checkpoint
