@@ -11,21 +11,30 @@ bars are shown.
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import sys
 
 from tqdm.auto import tqdm
-
 
 def notice(message: str) -> None:
     """Prints `message` on stderr above any progress bar (a line of its own)."""
     tqdm.write(message, file=sys.stderr)
 
 
-class _AboveBars:
-    """A text stream whose lines go through `tqdm.write` to the stream it replaces."""
+class _AboveBars(io.TextIOBase):
+    """A text stream whose lines go through `tqdm.write` to the stream it replaces.
+
+    It stands in for the process's stdout or stderr inside a logging handler, so it answers what
+    a handler or a library asks of a text stream as that stream does (`isatty`, `fileno`,
+    `encoding`, `writable`). Closing it flushes and closes nothing: the stream belongs to the
+    process. `logging.config.dictConfig` (vLLM calls it at start-up) closes every handler, and
+    absl's closes its stream unless that is `sys.stderr`/`sys.stdout` or a terminal; the handler
+    stays on the root logger and keeps writing to this wrapper afterwards.
+    """
 
     def __init__(self, stream):
+        super().__init__()
         self._stream = stream
 
     def write(self, text: str) -> int:
@@ -34,7 +43,32 @@ class _AboveBars:
         return len(text)
 
     def flush(self) -> None:
-        self._stream.flush()
+        if not self._stream.closed:
+            self._stream.flush()
+
+    def close(self) -> None:
+        self.flush()
+
+    @property
+    def closed(self) -> bool:
+        return self._stream.closed
+
+    def isatty(self) -> bool:
+        return self._stream.isatty()
+
+    def fileno(self) -> int:
+        return self._stream.fileno()  # io.UnsupportedOperation where the stream has none
+
+    def writable(self) -> bool:
+        return True
+
+    @property
+    def encoding(self) -> str | None:
+        return getattr(self._stream, "encoding", None)
+
+    @property
+    def errors(self) -> str | None:
+        return getattr(self._stream, "errors", None)
 
 
 @contextlib.contextmanager
