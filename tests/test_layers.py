@@ -28,6 +28,7 @@ LAYERS = {
     "controllers": 0,
     "losses": 0,
     "models": 1,
+    "plots": 1,
     "data": 1,
     "rewards": 1,
     "sampling": 2,

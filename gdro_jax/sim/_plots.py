@@ -12,6 +12,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from gdro_jax.controllers import METHODS
+from gdro_jax.plots import colors_for, shows_mu
 from gdro_jax.sim._report import Interval
 from gdro_jax.sim._simulate import SimOutput
 
@@ -118,6 +119,7 @@ def plot_final_by_level(
     """
     per_method = summary[metric]
     methods = list(per_method)
+    colors = colors_for(methods)
     num_columns = next(iter(per_method.values())).mean.shape[0]
     labels = [f"L{level}" for level in range(1, num_columns - 1)] + ["pooled", "natural"]
     fig, ax = plt.subplots(figsize=(1.0 * num_columns + 2.0, 3.4), constrained_layout=True)
@@ -133,6 +135,7 @@ def plot_final_by_level(
             yerr=error,
             capsize=2,
             label=method,
+            color=colors[method],
         )
     ax.set_xticks(x, labels)
     ax.set_ylim(0.0, 1.0)
@@ -147,7 +150,9 @@ def plot_final_by_level(
 def plot_controller_signals(outputs: Mapping[str, SimOutput], smooth: int = 5) -> Figure:
     """Six panels over steps, methods overlaid: mu, lead-lag gap, informative groups, reward, the
     batch's mean true success probability (what MoPPS steers) and the optimizer steps taken so
-    far (fewer than the steps under dynamic sampling, whose steps are rounds)."""
+    far (fewer than the steps under dynamic sampling, whose steps are rounds). The shadow price
+    mu is drawn for the methods that have one (`plots.shows_mu`): every method's trace holds the
+    mu Rollout-GDRO would set, but only those whose rollouts it allocates pay it."""
     fields = (
         ("mu", "Rollout-GDRO shadow price mu", "mu"),
         ("lead_lag_gap", "lead-lag gap sum_b b (q - share)", "gap (bins)"),
@@ -156,16 +161,22 @@ def plot_controller_signals(outputs: Mapping[str, SimOutput], smooth: int = 5) -
         ("success_prob", "batch's mean true success probability", "p"),
         ("updated", "optimizer steps taken", "steps so far"),
     )
+    colors = colors_for(outputs)
     fig, axes = plt.subplots(2, 3, figsize=(12.6, 6.4), squeeze=False, constrained_layout=True)
     axes = axes.ravel()
     for ax, (field, title, ylabel) in zip(axes, fields, strict=True):
         for method, output in outputs.items():
+            if field == "mu" and not shows_mu(method):
+                continue
             values = np.asarray(getattr(output.trace, field), np.float64)
             values_T = values.reshape(*values.shape[:2], -1).mean(axis=(0, 2))  # seeds, prompts
             if field == "updated":
-                ax.plot(np.cumsum(values_T), label=method)
+                values_T = np.cumsum(values_T)
             else:
-                ax.plot(_smooth(values_T, smooth), label=method)
+                values_T = _smooth(values_T, smooth)
+            ax.plot(values_T, label=method, color=colors[method])
+        if field == "mu" and not ax.lines:
+            ax.text(0.5, 0.5, "no method here has one", ha="center", va="center")
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)
@@ -174,7 +185,8 @@ def plot_controller_signals(outputs: Mapping[str, SimOutput], smooth: int = 5) -
         f"Means over seeds, smoothed over {smooth} steps (the optimizer steps: cumulative)",
         fontsize="medium",
     )
-    # One legend for every panel: the methods are the same lines in each.
-    handles, labels = axes[0].get_legend_handles_labels()
+    # One legend for every panel: the methods are the same lines in each (the reward panel
+    # has them all; the shadow price's only those with one).
+    handles, labels = axes[3].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncols=len(labels), fontsize="small")
     return fig

@@ -21,7 +21,7 @@ import numpy as np
 from flax import nnx
 from matplotlib.figure import Figure
 
-from gdro_jax import configs, controllers, models, tasks
+from gdro_jax import configs, controllers, models, plots, tasks
 from gdro_jax import eval as evaluation
 from gdro_jax.eval import evaluate_chain, pass_at_k
 from gdro_jax.train import read_metrics, train
@@ -92,20 +92,9 @@ def format_comparison(
 
 
 def _plot_rewards(workdir: pathlib.Path, methods: list[str]) -> None:
-    fig = Figure(figsize=(6, 3.5))
-    ax = fig.subplots()
-    for method in methods:
-        rows = read_metrics(workdir / method / "metrics.jsonl")
-        steps = [r["step"] for r in rows]
-        reward = np.asarray([r["reward"] for r in rows])
-        window = max(1, len(reward) // 8)
-        smooth = np.convolve(reward, np.ones(window) / window, mode="valid")
-        ax.plot(steps[window - 1 :], smooth, label=method)
-    ax.set_xlabel("RL step")
-    ax.set_ylabel(f"mean reward (moving average of {window})")
-    ax.set_title("Training reward (equal rollouts per step)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
+    runs = {method: read_metrics(workdir / method / "metrics.jsonl") for method in methods}
+    fig = plots.plot_curves(runs, ("reward",))
+    fig.suptitle("Training reward (equal rollouts per step)", fontsize="medium")
     fig.savefig(workdir / "reward.png", dpi=120)
 
 
@@ -116,6 +105,7 @@ def _plot_pass_at_k(
     levels = list(next(iter(results.values())).by_level)
     labels = [f"L{lv}" for lv in levels] + ["pooled"]
     width = 0.8 / len(methods)
+    colors = plots.colors_for(methods)
     fig = Figure(figsize=(8, 3.5))
     ax = fig.subplots()
     for i, method in enumerate(methods):
@@ -124,7 +114,8 @@ def _plot_pass_at_k(
         low = np.asarray([s.pass_interval[k - 1][0] for s in summaries])
         high = np.asarray([s.pass_interval[k - 1][1] for s in summaries])
         x = np.arange(len(labels)) + (i - (len(methods) - 1) / 2) * width
-        ax.bar(x, values, width, label=method, yerr=[values - low, high - values], capsize=2)
+        error = [values - low, high - values]
+        ax.bar(x, values, width, label=method, yerr=error, capsize=2, color=colors[method])
     ax.set_xticks(np.arange(len(labels)), labels)
     ax.set_ylabel(f"held-out pass@{k}")
     ax.set_ylim(0, 1.05)
@@ -135,22 +126,9 @@ def _plot_pass_at_k(
 
 
 def _plot_curriculum(workdir: pathlib.Path, methods: list[str]) -> None:
-    """Prompt-GDRO's q over step x bin, and rollouts per prompt by bin, for each method."""
-    fig = Figure(figsize=(3.2 * len(methods), 5.5))
-    axes = fig.subplots(2, len(methods), squeeze=False)
-    for j, method in enumerate(methods):
-        rows = read_metrics(workdir / method / "metrics.jsonl")
-        q = np.asarray([r["bin/q"] for r in rows]).T
-        per_prompt = np.asarray([r["bin/rollouts_per_prompt"] for r in rows]).T
-        axes[0, j].imshow(q, aspect="auto", origin="lower", cmap="viridis", vmin=0)
-        axes[0, j].set_title(f"{method}: q(bin)", fontsize=9)
-        axes[0, j].set_ylabel("bin (0 hardest)")
-        image = axes[1, j].imshow(per_prompt, aspect="auto", origin="lower", cmap="magma")
-        axes[1, j].set_title("rollouts per prompt", fontsize=9)
-        axes[1, j].set_xlabel("RL step")
-        fig.colorbar(image, ax=axes[1, j], fraction=0.05)
-    fig.tight_layout()
-    fig.savefig(workdir / "curriculum.png", dpi=120)
+    """The batch's bins, Prompt-GDRO's q (methods with it) and rollouts per prompt by bin."""
+    runs = {method: read_metrics(workdir / method / "metrics.jsonl") for method in methods}
+    plots.plot_curriculum(runs).savefig(workdir / "curriculum.png", dpi=120)
 
 
 def run_demo(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict[str, Any]:

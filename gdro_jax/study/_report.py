@@ -26,6 +26,8 @@ import pathlib
 import numpy as np
 from matplotlib.figure import Figure
 
+from gdro_jax.plots import colors_for, shows_q
+
 FIGURES = (
     "zero_advantage.png",
     "allocation.png",
@@ -66,9 +68,9 @@ def load_logs(
     return logs
 
 
-def _band(ax, x, values_SX, label):
+def _band(ax, x, values_SX, label, color=None):
     mean = values_SX.mean(axis=0)
-    (line,) = ax.plot(x, mean, label=label)
+    (line,) = ax.plot(x, mean, label=label, color=color)
     if len(values_SX) > 1:
         ax.fill_between(
             x, values_SX.min(axis=0), values_SX.max(axis=0), alpha=0.15, color=line.get_color()
@@ -90,9 +92,10 @@ def _steps_axis(logs_arm: dict, window: int) -> np.ndarray:
 def plot_zero_advantage(logs: dict, window: int = 5) -> Figure:
     fig = Figure(figsize=(10, 3.6))
     left, right = fig.subplots(1, 2)
+    colors = colors_for(logs)
     for arm, log in logs.items():
         wasted = _smooth(1.0 - log["nonzero_advantage_fraction"], window)
-        _band(left, _steps_axis(log, window), wasted, arm)
+        _band(left, _steps_axis(log, window), wasted, arm, colors[arm])
     left.set(
         xlabel="RL step",
         ylabel=f"groups with zero advantage (avg of {window})",
@@ -107,7 +110,7 @@ def plot_zero_advantage(logs: dict, window: int = 5) -> Figure:
         total = np.where(groups, per_bin, 0).sum(axis=(0, 1))
         mean = total / np.maximum(groups.sum(axis=(0, 1)), 1)
         x = np.arange(per_bin.shape[-1]) + (i - (len(arms) - 1) / 2) * width
-        right.bar(x, mean, width, label=arm)
+        right.bar(x, mean, width, label=arm, color=colors[arm])
     right.set(
         xlabel="bin (0 hardest)",
         ylabel="zero-advantage fraction",
@@ -141,10 +144,12 @@ def plot_prompt_adversary(logs: dict, window: int = 5) -> Figure:
     axes = fig.subplots(2, len(arms), squeeze=False)
     for j, arm in enumerate(arms):
         log = logs[arm]
-        axes[0, j].imshow(
-            log["bin/q"].mean(axis=0).T, aspect="auto", origin="lower", cmap="viridis", vmin=0
-        )
-        axes[0, j].set(title=f"{arm}: q(bin)", xlabel="RL step", ylabel="bin (0 hardest)")
+        q_BT = log["bin/q"].mean(axis=0).T
+        image = dict(aspect="auto", origin="lower", cmap="viridis", vmin=0)
+        axes[0, j].imshow(q_BT, interpolation="nearest", **image)
+        # Without a prompt adversary the step logs a uniform q over the batch's bins.
+        title = f"{arm}: q(bin)" if shows_q(arm) else f"{arm}: uniform q (no adversary)"
+        axes[0, j].set(title=title, xlabel="RL step", ylabel="bin (0 hardest)")
         x = _steps_axis(log, window)
         _band(axes[1, j], x, _smooth(log["q_mean_bin"], window), "mean bin under q")
         _band(axes[1, j], x, _smooth(log["q_entropy"], window), "entropy of q (nats)")
@@ -158,8 +163,9 @@ def _per_step_plot(logs, series, window, *, reference, ylabel, title) -> Figure:
     """One curve per arm of `series(log)` [seeds, steps] over steps, a line at `reference`."""
     fig = Figure(figsize=(6, 3.5))
     ax = fig.subplots()
+    colors = colors_for(logs)
     for arm, log in logs.items():
-        _band(ax, _steps_axis(log, window), _smooth(series(log), window), arm)
+        _band(ax, _steps_axis(log, window), _smooth(series(log), window), arm, colors[arm])
     ax.axhline(reference, color="grey", lw=0.5)
     ax.set(xlabel="RL step", ylabel=ylabel, title=title)
     ax.legend(fontsize=7)
@@ -194,10 +200,11 @@ def plot_standard_error(logs: dict, window: int = 5) -> Figure:
 def plot_tokens(logs: dict, window: int = 10) -> Figure:
     fig = Figure(figsize=(6, 3.5))
     ax = fig.subplots()
+    colors = colors_for(logs)
     for arm, log in logs.items():
         tokens = np.cumsum(log["tokens"], axis=1).mean(axis=0)
-        accuracy = _smooth(log["accuracy"], window)
-        ax.plot(tokens[len(tokens) - accuracy.shape[1] :], accuracy.mean(axis=0), label=arm)
+        accuracy = _smooth(log["accuracy"], window).mean(axis=0)
+        ax.plot(tokens[len(tokens) - len(accuracy) :], accuracy, label=arm, color=colors[arm])
     ax.set(
         xlabel="sampled tokens (cumulative, mean over seeds)",
         ylabel=f"training accuracy (avg of {window})",
@@ -218,7 +225,7 @@ def plot_heldout(summary: dict) -> Figure:
     )
     rows = ["warm_start", *arms]
     # One colour per arm in both panels (the right one lists only the arms with a gain).
-    colors = {row: f"C{i}" for i, row in enumerate(rows)}
+    colors = colors_for(rows)
     legend_columns = min(len(rows), 8)
     legend_rows = -(-len(rows) // legend_columns)
     # Constrained layout keeps the legend below both panels, however many arms there are.
@@ -279,9 +286,10 @@ def plot_along(summary: dict) -> Figure:
     rollouts = along["sampled_rollouts"]
     fig = Figure(figsize=(10, 3.6), layout="constrained")
     axes = fig.subplots(1, 2)
+    colors = colors_for(along["arms"])
     for ax, name in zip(axes, ("frontier pass@1", "pooled pass@1"), strict=True):
         for arm, curve in along["arms"].items():
-            ax.plot(rollouts, curve[name], marker="o", label=arm)
+            ax.plot(rollouts, curve[name], marker="o", label=arm, color=colors[arm])
         ax.set(xlabel="sampled rollouts", ylabel=f"held-out {name}", title=name)
     target = along["arms"][summary["baseline"]]["frontier pass@1"][-1]
     axes[0].axhline(target, color="grey", lw=0.5, ls="--")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -24,7 +25,9 @@ from tqdm.auto import tqdm
 
 from gdro_jax import checkpoint, configs, models, step
 from gdro_jax.runtime import (
+    COMPILING_NOTE,
     agreed_signal,
+    environment,
     global_array,
     is_primary,
     logging_above_bars,
@@ -153,6 +156,7 @@ def train(
             name: float(np.mean([t[name] for t in step_times[1:] or step_times]))
             for name in (step_times[0] if step_times else {})
         },
+        "environment": environment(),
     }
     if is_primary():
         with open(os.path.join(workdir, "summary.json"), "w", encoding="utf-8") as file:
@@ -161,12 +165,14 @@ def train(
 
 
 def describe_outputs(result: dict[str, Any], workdir: str | os.PathLike) -> str:
-    """A few lines for the end of a run: steps, final reward and accuracy, where outputs went.
+    """A few lines for the end of a run: steps, final reward and accuracy, where outputs went,
+    the command that opens its TensorBoard events and the one that draws its figures.
 
     Args:
       result: what `train` returned.
       workdir: the run's work directory.
     """
+    workdir = os.fspath(workdir)
     final = result.get("final", {})
     numbers = ", ".join(
         f"{name} {final[name]:.3f}" for name in ("reward", "accuracy") if name in final
@@ -175,17 +181,24 @@ def describe_outputs(result: dict[str, Any], workdir: str | os.PathLike) -> str:
         f"{result['method']}: {result['completed_steps']} of {result['steps']} steps done"
         + (f"; last step: {numbers}" if numbers else "")
     ]
+    tensorboard = shlex.join(["tensorboard", "--logdir", os.path.join(workdir, "tb")])
     for name, what in (
         ("metrics.jsonl", "per-step metrics"),
-        ("tb", "TensorBoard events (tensorboard --logdir ...)"),
+        ("tb", f"TensorBoard events: {tensorboard} (the tensorboard extra: {TENSORBOARD_EXTRA})"),
         ("checkpoints", "checkpoints (rerun the same command to resume)"),
         (models.MODEL_DIR, "the final policy, an HF folder with its tokenizer"),
         (SNAPSHOT_DIR, "the policy after each of checkpoint.snapshot_steps, step_<s>/"),
         ("summary.json", "this summary"),
     ):
-        path = os.path.join(os.fspath(workdir), name)
+        path = os.path.join(workdir, name)
         if os.path.exists(path):
             lines.append(f"  {path}: {what}")
+    # Drawn on demand: matplotlib stays out of the training process (a second of every start).
+    plot = shlex.join(["python", "-m", "experiments.plot_run", f"--workdir={workdir}"])
+    lines.append(
+        f"  {os.path.join(workdir, 'plots')}: figures of reward, accuracy and the curriculum: "
+        f"{plot} draws them"
+    )
     return "\n".join(lines)
 
 
@@ -208,6 +221,8 @@ def _train_loop(run: Run, workdir, *, manager=None, resumed: checkpoint.Checkpoi
         desc=settings.method.name,
         disable=not settings.progress,
     )
+    if start < settings.steps:
+        bar.set_postfix_str(COMPILING_NOTE)  # until the first step's numbers replace it
     try:
         with stop_on_signals() as stop, logging_above_bars():
             stop.steps = settings.steps
@@ -259,6 +274,7 @@ def _resume_line(workdir, resumed: checkpoint.Checkpoint, steps: int) -> str:
 
 
 SNAPSHOT_DIR = "snapshots"
+TENSORBOARD_EXTRA = "pip install -e '.[tensorboard]'"  # where the tensorboard command comes from
 
 
 def snapshot_path(workdir: str | os.PathLike, step: int) -> str:

@@ -45,3 +45,28 @@ def test_controller_signals_label_every_panel_and_share_one_legend():
     steps_taken = fig.axes[5].get_lines()[0].get_ydata()
     assert steps_taken[-1] == steps / 2
     plt.close(fig)
+
+
+def test_the_shadow_price_is_drawn_only_for_methods_that_have_one():
+    seeds, steps = 2, 12
+    trace = types.SimpleNamespace(
+        **{name: np.ones((seeds, steps)) for name in ("mu", "lead_lag_gap", "mean_reward")},
+        informative_fraction=np.ones((seeds, steps)),
+        success_prob=np.full((seeds, steps, 4), 0.5),
+        updated=np.ones((seeds, steps), bool),
+    )
+    # Every trace holds a mu (the simulator runs Rollout-GDRO for all); grpo and knapsack pay none.
+    methods = ("grpo", "rollout_gdro", "knapsack", "gdro_both", "eta=3")
+    fig = sim.plot_controller_signals({m: types.SimpleNamespace(trace=trace) for m in methods})
+    mu_panel, reward_panel = fig.axes[0], fig.axes[3]
+    assert [line.get_label() for line in mu_panel.get_lines()] == [
+        "rollout_gdro",
+        "gdro_both",
+        "eta=3",  # not a method's name (a sweep's setting): drawn as given
+    ]
+    assert [line.get_label() for line in reward_panel.get_lines()] == list(methods)
+    plt.close(fig)
+    fig = sim.plot_controller_signals({"grpo": types.SimpleNamespace(trace=trace)})
+    assert not fig.axes[0].get_lines()
+    assert fig.axes[0].texts[0].get_text() == "no method here has one"
+    plt.close(fig)

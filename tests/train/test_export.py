@@ -2,6 +2,8 @@
 `eval.load_policy`)."""
 
 import os
+import pathlib
+import re
 import shutil
 
 import jax
@@ -12,6 +14,8 @@ from flax import nnx
 from gdro_jax import checkpoint, models, tasks, train
 from gdro_jax import eval as evaluation
 from tests.train.configs import small_run_config
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _assert_describes(result, workdir):
@@ -25,7 +29,25 @@ def _assert_describes(result, workdir):
     )
     named = {line.split(": ")[0].strip() for line in paths}
     outputs = {"metrics.jsonl", "checkpoints", "model", "summary.json"}  # no tb/: tensorboard off
+    outputs.add("plots")  # drawn on demand: the line gives the command
     assert named == {os.path.join(workdir, name) for name in outputs}
+    assert paths[-1].endswith(f"python -m experiments.plot_run --workdir={workdir} draws them")
+
+
+def test_the_summary_gives_the_tensorboard_command_whole_with_its_extra(tmp_path):
+    workdir = tmp_path / "my run"  # a space: the commands quote it
+    (workdir / "tb").mkdir(parents=True)
+    result = {"method": "grpo", "completed_steps": 1, "steps": 1, "final": {}}
+    lines = train.describe_outputs(result, workdir).splitlines()
+    extra = re.search(r"^(\w+) = \[\"tensorboard", (ROOT / "pyproject.toml").read_text(), re.M)[1]
+    assert lines[1] == (
+        f"  {workdir}/tb: TensorBoard events: tensorboard --logdir '{workdir}/tb' "
+        f"(the {extra} extra: pip install -e '.[{extra}]')"
+    )
+    assert lines[2] == (
+        f"  {workdir}/plots: figures of reward, accuracy and the curriculum: "
+        f"python -m experiments.plot_run '--workdir={workdir}' draws them"
+    )
 
 
 def test_the_newest_checkpoint_gives_the_final_policy_and_reads_only(tmp_path):
