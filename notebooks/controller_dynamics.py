@@ -32,6 +32,7 @@
 # minute on two CPU cores (`fast_compile` trades step speed for compile time).
 
 # %%
+# %config InlineBackend.print_figure_kwargs = {"bbox_inches": "tight", "dpi": 70}
 import dataclasses
 
 from gdro_jax import sim

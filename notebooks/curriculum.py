@@ -29,22 +29,28 @@
 
 # %%
 # %matplotlib inline
+# %config InlineBackend.print_figure_kwargs = {"bbox_inches": "tight", "dpi": 70}
 import json
 import os
 import pathlib
 
 import numpy as np
-from IPython.display import display
 
 from gdro_jax import study
 
+try:
+    from IPython.display import display
+except ImportError:  # run as a plain script (`python notebooks/curriculum.py`): no figures shown
+    display = print
+
+# Folders are relative to the repository's root: Jupyter starts the kernel in notebooks/.
+ROOT = pathlib.Path.cwd().parent if pathlib.Path.cwd().name == "notebooks" else pathlib.Path.cwd()
 DEFAULT = "graded=results/study_graded,cliff=results/study_cliff"
+GIVEN = dict(
+    item.partition("=")[::2] for item in os.environ.get("GDRO_STUDIES", DEFAULT).split(",")
+)
 STUDIES = {
-    name: pathlib.Path(folder)
-    for name, _, folder in (
-        item.partition("=") for item in os.environ.get("GDRO_STUDIES", DEFAULT).split(",")
-    )
-    if (pathlib.Path(folder) / "study.json").exists()
+    name: ROOT / folder for name, folder in GIVEN.items() if (ROOT / folder / "study.json").exists()
 }
 if not STUDIES:
     raise FileNotFoundError(f"no finished study among {DEFAULT}: run `make study PROFILE=...`")
@@ -58,7 +64,7 @@ for name, folder in STUDIES.items():
         folder / "runs", arms, summaries[name]["seeds"], summaries[name]["split"]
     )
 PROFILE = next(iter(STUDIES))  # the profile the figures below show first
-print("studies:", {name: str(folder) for name, folder in STUDIES.items()})
+print("studies:", {name: GIVEN[name] for name in STUDIES})
 print(study.format_tables(summaries[PROFILE]).split("\n\n")[0])
 
 # %% [markdown]
