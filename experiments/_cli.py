@@ -3,12 +3,16 @@
 - Library INFO logging (orbax's checkpoint chatter, jax's backend probing, absl) stays off the
   console, so progress bars, tables and warnings are what a person sees; `--verbosity=0` brings
   INFO back.
-- A usage error (a config file that does not exist, a `--config.X` override of a field the
-  config does not have or of the wrong type, a required flag left out, an unknown flag, a
-  `--workdir` that is a file, a config field the library refuses with a ValueError) is one line
-  on stderr, `error: ...` naming the flag or field, the value and the fix, and exit status 2 (the
-  Unix convention for usage errors), raised before anything is written; `GDRO_DEBUG=1` or
-  `--verbosity=1` shows the traceback of a library error instead.
+- A usage error (a config file that does not exist, does not load (a syntax error, an import
+  that fails) or defines no `get_config`, a `--config.X` override of a field the config does not
+  have or of the wrong type, a required flag left out, an unknown flag, a `--workdir` or `--out`
+  that is a file or a folder this process cannot write in, a config field the library refuses
+  with a ValueError) is one line on stderr, `error: ...` naming the flag or field, the value and
+  the fix, and exit status 2 (the Unix convention for usage errors), raised before anything is
+  written; `GDRO_DEBUG=1` or `--verbosity=1` shows the traceback instead.
+- jax's persistent compilation cache is on (`runtime.use_compilation_cache`: under the user's
+  cache folder, `GDRO_COMPILATION_CACHE=<folder>` or `=0` to change it), so a second run of a
+  config loads its compiled step instead of compiling it again.
 - Log records print above progress bars (`runtime.logging_above_bars`), never inside one.
 - `--help` (and `-h`) prints the entry point's help from the config schema (`_help`) and exits
   0; `--helpfull` keeps absl's full list of every library's flags.
@@ -38,8 +42,9 @@ USER_ERRORS = (
     NotADirectoryError,
     step.MissingExtraError,
 )
-# Flags naming an output folder: an existing file there is refused before anything runs.
-OUTPUT_FLAGS = ("workdir", "out")
+# Flags naming an output folder: a file there, or a folder this process cannot write in, is
+# refused before anything runs.
+OUTPUT_FLAGS = ("workdir", "out", "results")
 HELP_FLAGS = ("--help", "-h", "--helpshort", "-?")
 # Where the help of a study's or the demo's config fields comes from: its RL and warm-start blocks.
 STUDY_SCHEMAS = {"train.": configs.run_schema, "pretrain.": configs.pretrain_schema}
@@ -89,21 +94,48 @@ def _load_config(value: str):
     spec = importlib.util.spec_from_file_location("_config_file", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    if not callable(getattr(module, "get_config", None)):
+        raise _NoGetConfig
     return module.get_config(argument) if argument else module.get_config()
 
 
-def _check_overrides(argv: list[str], files: dict[str, str]) -> None:
-    """Refuses a `--<config>.<field>=...` override of a field the loaded config does not have,
-    naming the first missing part and the nearest names the config has there."""
-    loaded = {}
+class _NoGetConfig(Exception):
+    """A config file that defines no `get_config`."""
+
+
+def _checked_config(name: str, value: str):
+    """`_load_config(value)`, with what stops it (a syntax error, a failing import, no
+    `get_config`, `get_config` raising) as one `error:` line naming the file and the fix."""
+    path, _, argument = value.partition(":")
+    try:
+        return _load_config(value)
+    except _NoGetConfig:
+        _fail(
+            f"{name}={path} defines no get_config(); a config file defines get_config() "
+            "returning an ml_collections.ConfigDict (as experiments/configs/tiny_cpu.py does)",
+            traceback=False,
+        )
+    except SyntaxError as error:
+        if _debugging():
+            raise
+        _fail(f"{name}={path}: line {error.lineno}: {error.msg}; fix the file's syntax")
+    except Exception as error:  # the file is the user's: whatever it raises, say where
+        if _debugging():
+            raise
+        fix = f"check the argument {argument!r} or fix the file" if argument else "fix the file"
+        _fail(f"{name}={value}: loading it raised {type(error).__name__}: {error}; {fix}")
+
+
+def _check_overrides(argv: list[str], loaded: Mapping[str, Any]) -> None:
+    """Refuses a `--<config>.<field>=...` override of a field the loaded config (`loaded`: each
+    config flag's config) does not have, naming the first missing part and the nearest names
+    the config has there."""
     for arg in argv:
         match = re.match(r"--(?:no)?(\w+)\.([\w.]+)", arg)
-        if not match or f"--{match[1]}" not in files:
+        if not match or f"--{match[1]}" not in loaded:
             continue
         flag, path = match[1], match[2]
-        if flag not in loaded:
-            loaded[flag] = _load_config(files[f"--{flag}"])
-        node, parts = loaded[flag], path.split(".")
+        node, parts = loaded[f"--{flag}"], path.split(".")
         for depth, part in enumerate(parts):
             where = ".".join([flag, *parts[:depth]])
             if not hasattr(node, "keys"):
@@ -117,9 +149,10 @@ def _check_overrides(argv: list[str], files: dict[str, str]) -> None:
 def _check_outputs() -> None:
     for name in OUTPUT_FLAGS:
         if name in flags.FLAGS and flags.FLAGS[name].value:
-            path = flags.FLAGS[name].value
-            if os.path.exists(path) and not os.path.isdir(path):
-                _fail(f"--{name}={path} is a file, not a folder; pass a folder (new or existing)")
+            try:
+                runtime.check_writable_folder(flags.FLAGS[name].value, name=f"--{name}")
+            except ValueError as error:
+                _fail(str(error), traceback=False)
 
 
 def define_process_flags() -> None:
@@ -200,11 +233,10 @@ def _parse_flags(argv: list[str]) -> list[str]:
         _fail(f"{error}; --help lists the flags and config fields", traceback=False)
 
 
-def _print_help(doc, files, required, schemas) -> None:
+def _print_help(doc, files, loaded, required, schemas) -> None:
     config, config_file = None, None
     if "--config" in files:
-        config_file = files["--config"]
-        config = _load_config(config_file)
+        config_file, config = files["--config"], loaded["--config"]
     elif schemas and "" in schemas:
         config = configs.config_from_schema(schemas[""]())
     text = _help.help_text(
@@ -239,10 +271,11 @@ def run(
                 f"{name}={path}: no such config file (paths are relative to {os.getcwd()})",
                 traceback=False,
             )
+    loaded = {name: _checked_config(name, value) for name, value in files.items()}
     if any(arg in HELP_FLAGS for arg in argv):
-        _print_help(doc, files, required, schemas)
+        _print_help(doc, files, loaded, required, schemas)
         sys.exit(0)
-    _check_overrides(argv, files)
+    _check_overrides(argv, loaded)
 
     def guarded_main(argv):
         quiet_logging()
@@ -252,6 +285,7 @@ def run(
                 fix = f"e.g. --{name}={example}" if example else "--help shows an example"
                 _fail(f"--{name} is missing: {flags.FLAGS[name].help} ({fix})", traceback=False)
         _check_outputs()
+        runtime.use_compilation_cache()  # before anything compiles
         try:
             with runtime.logging_above_bars():  # warnings print above progress bars, not in them
                 return main(argv)

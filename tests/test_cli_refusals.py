@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests._folders import read_only, tree
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ("experiments.train", "--config=experiments/configs/tiny_cpu.py")
 SIM = ("experiments.simulate_controllers", "--config=experiments/configs/sim_tiny.py")
@@ -160,3 +162,68 @@ def test_at_most_one_test_module_imports_an_entry_point():
             for name in set(names) & entry_points:
                 imported.setdefault(name, []).append(str(test.relative_to(REPO_ROOT)))
     assert len(imported) <= 1, imported
+
+
+# Environment errors, before any work (issue 38): a folder that cannot be written, a config
+# file that does not load. Each leaves every file already there byte for byte as it was.
+EVALUATE = ("experiments.evaluate", "--policy=runs/grpo")
+
+
+def _refused_and_left_alone(tmp_path, argv, *fragments, env=None):
+    before = tree(tmp_path)
+    completed = _run(argv[0], *argv[1:], env=env)
+    _one_line_error(completed, *fragments)
+    assert tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("argv", [TRAIN, EVALUATE], ids=["train-workdir", "evaluate-out"])
+def test_a_read_only_output_folder_is_refused_before_any_work(tmp_path, argv):
+    """Planted: the command line's writability check removed (train: a PermissionError once
+    the run writes its first checkpoint; evaluate: the library's own check, naming out_dir and
+    not the flag)."""
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine\n")
+    flag = "--workdir" if argv is TRAIN else "--out"
+    with read_only(folder):
+        _refused_and_left_alone(
+            tmp_path, (*argv, f"{flag}={folder}"), f"{flag}={folder}", "cannot write in", "writable"
+        )
+
+
+@pytest.mark.parametrize("argv", [TRAIN, EVALUATE], ids=["train-workdir", "evaluate-out"])
+def test_an_output_folder_under_a_file_is_refused_before_any_work(tmp_path, argv):
+    """Runs as any user, root included: no folder can be made under a regular file."""
+    (tmp_path / "notes.txt").write_text("mine\n")
+    flag = "--workdir" if argv is TRAIN else "--out"
+    given = tmp_path / "notes.txt" / "run"
+    _refused_and_left_alone(
+        tmp_path, (*argv, f"{flag}={given}"), f"{flag}={given}", "notes.txt is a file"
+    )
+
+
+BROKEN_CONFIGS = {
+    "no-get_config": ("import ml_collections\nCONFIG = ml_collections.ConfigDict()\n",
+                      ("defines no get_config()", "experiments/configs/tiny_cpu.py")),
+    "syntax-error": ("def get_config(:\n    pass\n", ("line 1", "fix the file's syntax")),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN_CONFIGS))
+def test_a_config_file_that_does_not_load_is_one_line(tmp_path, case):
+    """Planted: the load check removed (absl's chained traceback, exit 1)."""
+    text, fragments = BROKEN_CONFIGS[case]
+    config = tmp_path / "mine.py"
+    config.write_text(text)
+    argv = ("experiments.train", f"--config={config}", f"--workdir={tmp_path / 'run'}")
+    _refused_and_left_alone(tmp_path, argv, f"--config={config}", *fragments)
+
+
+def test_debug_variable_shows_a_broken_config_files_traceback(tmp_path):
+    config = tmp_path / "mine.py"
+    config.write_text(BROKEN_CONFIGS["syntax-error"][0])
+    completed = _run("experiments.train", f"--config={config}", f"--workdir={tmp_path / 'run'}",
+                     env={"GDRO_DEBUG": "1"})  # fmt: skip
+    assert completed.returncode != 0
+    assert "Traceback" in completed.stderr and "SyntaxError" in completed.stderr
+    assert not (tmp_path / "run").exists()

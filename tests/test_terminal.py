@@ -6,7 +6,8 @@ terminal would (a carriage return moves to the start of the line, text overwrite
 the notice on a line of its own, never inside a bar line; the bar, the notice, the stop line and
 the checkpoint at the same step; the last line saying how to resume (the same command). The same
 command then says in one line before its bar that it resumes, from which step, of how many, from
-which checkpoint; raising `--config.steps` says that it extends the finished run.
+which checkpoint, and its bar says "compiling (first step)..." until that step is done; raising
+`--config.steps` says that it extends the finished run.
 """
 
 import os
@@ -17,6 +18,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from gdro_jax import runtime
 
 pexpect = pytest.importorskip("pexpect")
 
@@ -126,6 +129,10 @@ def test_ctrl_c_then_the_same_command_resumes_and_the_screen_says_so(tmp_path):
         f"({workdir / 'checkpoints' / str(step)})"
     )
     assert int(BAR.search(ANSI.sub("", raw))[1]) == step  # the bar's first drawing
+    # Until its first step is done, the bar says that the step compiles; never after.
+    drawings = [d for d in re.split(r"[\r\n]", ANSI.sub("", raw)) if BAR.search(d)]
+    noted = [int(BAR.search(d)[1]) for d in drawings if runtime.COMPILING_NOTE in d]
+    assert noted and set(noted) == {step}, drawings[:4]
     assert [int(BAR.search(line)[1]) for line in lines if BAR.search(line)][-1] == STEPS
 
     # Raising the steps of the finished run: it says that it extends it.

@@ -17,7 +17,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from gdro_jax import checkpoint, configs, data, models, rewards, tasks
+from gdro_jax import checkpoint, configs, data, models, rewards, runtime, tasks
 from gdro_jax.eval._chain import ChainReport, chain_report
 from gdro_jax.eval._harness import CHAIN_FIELDS, EvalSettings, check_int
 from gdro_jax.eval._math import evaluate_math, load_bins
@@ -225,7 +225,8 @@ def evaluate_policy(
       A `ChainReport` (chain task) or a `MathEvaluation` (math); both have `to_markdown()`.
 
     Raises:
-      ValueError or FileNotFoundError: naming the argument, before anything is written.
+      ValueError or FileNotFoundError: naming the argument, before anything is written (an
+        `out_dir` this process cannot write in among them).
     """
     for name in benchmarks or ():
         if name not in data.PRESETS:
@@ -242,6 +243,9 @@ def evaluate_policy(
         check_int("limit", limit, minimum=1)
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise ValueError(f"out_dir must be a folder, got out_dir={os.fspath(out_dir)!r} (a file)")
+    # Before the policy loads and anything is sampled: sampled work is never lost to a folder
+    # that cannot take it (a read-only share, a path through a file).
+    runtime.check_writable_folder(out_dir, name="out_dir")
     loaded = open_policy(policy, dtype=dtype)
     if loaded.task_kind == "math":
         tokenizer = loaded.tokenizer

@@ -5,7 +5,11 @@ for one device, is `gdro_jax.models`': the decoder, below this layer, places its
 - `initialize`: connects the processes of a multi-process run (flags, SLURM, TPU slices).
 - `is_primary`, `global_array`, `replicate`, `to_host`, `agreed_signal`,
   `broadcast_from_primary`, `from_primary`, `gather`: plain local operations with one process.
-- `notice`, `logging_above_bars`: lines for a person printed above progress bars, not inside.
+- `notice`, `logging_above_bars`: lines for a person printed above progress bars, not inside;
+  `COMPILING_NOTE` on a bar until its first step is done.
+- `check_writable_folder`: an output folder's pre-flight check; `use_compilation_cache`: jax's
+  persistent compilation cache under the user's cache folder (`compilation_cache_dir`,
+  `$GDRO_COMPILATION_CACHE`).
 """
 
 from gdro_jax.runtime._collectives import (
@@ -18,12 +22,22 @@ from gdro_jax.runtime._collectives import (
     replicate,
     to_host,
 )
-from gdro_jax.runtime._console import logging_above_bars, notice
+from gdro_jax.runtime._console import COMPILING_NOTE, logging_above_bars, notice
 from gdro_jax.runtime._distributed import initialize
+from gdro_jax.runtime._folders import (
+    CACHE_ENV,
+    check_writable_folder,
+    compilation_cache_dir,
+    use_compilation_cache,
+)
 
 __all__ = [
+    "CACHE_ENV",
+    "COMPILING_NOTE",
     "agreed_signal",
     "broadcast_from_primary",
+    "check_writable_folder",
+    "compilation_cache_dir",
     "from_primary",
     "gather",
     "global_array",
@@ -33,4 +47,5 @@ __all__ = [
     "notice",
     "replicate",
     "to_host",
+    "use_compilation_cache",
 ]

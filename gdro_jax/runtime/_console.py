@@ -17,6 +17,11 @@ import sys
 
 from tqdm.auto import tqdm
 
+# On a progress bar until its first step is done: that step compiles (or loads from jax's
+# persistent compilation cache) the whole step, the longest wait of a short run.
+COMPILING_NOTE = "compiling (first step)..."
+
+
 def notice(message: str) -> None:
     """Prints `message` on stderr above any progress bar (a line of its own)."""
     tqdm.write(message, file=sys.stderr)

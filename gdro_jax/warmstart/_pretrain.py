@@ -38,7 +38,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from tqdm.auto import tqdm
 
-from gdro_jax import configs, losses, models, tasks
+from gdro_jax import configs, losses, models, runtime, tasks
 from gdro_jax import eval as evaluation
 from gdro_jax.models import MODEL_DIR, fit_spec
 
@@ -177,6 +177,7 @@ def pretrain_model(
 
     losses_T = []
     bar = tqdm(batches, desc="warm start", total=train.steps, disable=not config.progress)
+    bar.set_postfix_str(runtime.COMPILING_NOTE)  # until the first loss replaces it
     for step, batch in enumerate(bar):
         state, loss = _train_step(graphdef, state, *place(batch))
         losses_T.append(loss)

@@ -223,3 +223,23 @@ def test_a_math_evaluation_folder_or_a_file_is_refused_untouched(policy, tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["samples.jsonl"]
     with pytest.raises(ValueError, match="out_dir must be a folder"):
         _run(policy, tmp_path / "samples.jsonl")
+
+
+def test_an_out_dir_that_cannot_be_written_is_refused_before_sampling(policy, tmp_path):
+    """A folder under a file (no folder can be made there, whoever runs the test): the error
+    names out_dir before the sampler is ever called, so no sampled work is lost. Planted: the
+    library's writability check removed (the sampler ran, then NotADirectoryError)."""
+    (tmp_path / "notes.txt").write_text("mine\n")
+    calls = []
+    sampler = chain_sampler(_solved)
+
+    def counting_sampler(*args, **kwargs):
+        calls.append(1)
+        return sampler(*args, **kwargs)
+
+    out = tmp_path / "notes.txt" / "eval"
+    with pytest.raises(ValueError, match=r"out_dir=.*notes\.txt is a file"):
+        evaluation.evaluate_policy(
+            policy, out, sampling=SAMPLING, progress=False, sampler=counting_sampler
+        )
+    assert calls == [] and (tmp_path / "notes.txt").read_text() == "mine\n"
