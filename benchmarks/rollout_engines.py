@@ -2,14 +2,21 @@
 (random weights, float32, head_dim 64), through the trainer's `RolloutEngine` calls.
 
 Workloads (each engine gets the same prompts, the same slot map and temperature 1):
-  grpo     32 prompts x 8 rollouts = 256 slots, 256-token prompts, 32 new tokens, no stop id.
-  uneven   32 prompts x 8 rollouts, 64-token prompts, up to 256 new tokens; a set of stop ids
-           that a near-uniform random policy draws with about 1.2 % chance per token, so the
-           completions' lengths are geometric: most stop early, about 5 % run to the maximum
-           (the work continuous batching is for). The realised lengths are reported per engine.
-  step     a whole training step of a chain-task run (`tiny_cpu.py` with this width, 32 prompts
-           x 4 rollouts): rollout (with vLLM, the weight sync and the trainer's recomputed
-           log-probs included), reward and update.
+  grpo       32 prompts x 8 rollouts = 256 slots, 256-token prompts, 32 new tokens, no stop id.
+  uneven     32 prompts x 8 rollouts, 64-token prompts, up to 256 new tokens; a set of stop ids
+             that a near-uniform random policy draws with about 1.2 % chance per token, so the
+             completions' lengths are geometric: most stop early, about 5 % run to the maximum
+             (the work continuous batching is for). The realised lengths are reported per engine.
+  long_tail  the same with up to 1,024 new tokens and a median near 128 (0.54 % per token).
+  step       a whole training step of a chain-task run (`tiny_cpu.py` with this width, 32 prompts
+             x 4 rollouts): rollout (with vLLM, the weight sync and the trainer's recomputed
+             log-probs included), reward and update.
+  graded     (`--graded`) whole steps of the graded profile from its stored warm start, the
+             rollout phase with static chunks (as the study ran) and continuous batching.
+
+The built-in engine runs twice: "static", all 256 slots at once until the longest stops (the
+engine before continuous batching), and "continuous", 64 decode slots taking the 256 requests
+from a queue (`micro_batch_slots=64`, `batching="continuous"`).
 
 Tokens/s = completion tokens / median wall time of the engine's `generate` over `--repeats`
 calls after a first (compiling) one. vLLM runs as the trainer drives it (one `n = 1` request per
@@ -19,6 +26,7 @@ is the same.
 
 Run (the vllm extra's environment):  make bench-engines
     or  .venv-vllm/bin/python -m benchmarks.rollout_engines [--repeats=3] [--out=engines.json]
+        [--workloads=grpo,uneven,long_tail] [--no-vllm] [--graded]
 """
 
 from __future__ import annotations
@@ -27,12 +35,13 @@ import argparse
 import json
 import os
 import time
+from pathlib import Path
 
 import jax
 import numpy as np
 from flax import nnx
 
-from experiments.configs import tiny_cpu
+from experiments.configs import graded, tiny_cpu
 from gdro_jax import controllers, models, step, train
 
 NUM_PROMPTS, ROLLOUTS = 32, 8
@@ -51,7 +60,12 @@ WORKLOADS = {
     # name: (prompt tokens, new tokens, per-token stop probability)
     "grpo": (256, 32, 0.0),
     "uneven": (64, 256, 1 - 0.05 ** (1 / 256)),
+    "long_tail": (64, 1024, 1 - 0.5 ** (1 / 128)),
 }
+# The built-in engine's two forms: (batching, decode slots; None: all R at once).
+KV_CACHE = {"static": ("static", None), "continuous": ("continuous", 64)}
+REPO = Path(__file__).resolve().parents[1]
+WARM_START = REPO / "results" / "study_graded" / "runs" / "warm_start" / "model"
 
 
 def _plan(num_prompts: int, rollouts: int) -> controllers.Plan:
@@ -86,42 +100,55 @@ def _lengths(result) -> dict:
     }
 
 
-def generate_workloads(repeats: int) -> dict:
-    """Tokens/s of both engines on the two sampling workloads."""
+def generate_workloads(repeats: int, names: list[str], with_vllm: bool) -> dict:
+    """Tokens/s of the engines on the sampling workloads."""
     model = models.Decoder(POLICY, rngs=nnx.Rngs(0))
     graphdef, params = nnx.split(model)
-    rng = np.random.default_rng(0)
     plan = _plan(NUM_PROMPTS, ROLLOUTS)
     results = {}
-    for name, (prompt_tokens, new_tokens, stop_probability) in WORKLOADS.items():
+    for name in names:
+        prompt_tokens, new_tokens, stop_probability = WORKLOADS[name]
+        rng = np.random.default_rng(list(WORKLOADS).index(name))
         prompts = rng.integers(1, VOCAB, (NUM_PROMPTS, prompt_tokens), dtype=np.int32)
         lengths = np.full(NUM_PROMPTS, prompt_tokens, np.int32)
         stops = tuple(range(1, 1 + round(stop_probability * VOCAB)))
-        kv = step.KVCacheEngine(graphdef, max_new_tokens=new_tokens, temperature=1.0, eos_ids=stops)
-        kv_generate = jax.jit(kv.generate)
-        seconds, result = _timed(
-            lambda i, g=kv_generate, p=prompts, n=lengths: g(params, plan, p, n, jax.random.key(i)),
-            repeats,
-        )
-        row = {"kv_cache": {"seconds": seconds, **_lengths(result)}}
-        engine = step.VLLMEngine(
-            graphdef,
-            params,
-            max_prompt_tokens=prompt_tokens,
-            max_new_tokens=new_tokens,
-            temperature=1.0,
-            eos_ids=stops,
-            settings=step.VLLMConfig(dtype="float32", max_num_seqs=NUM_PROMPTS * ROLLOUTS),
-        )
-        seconds, result = _timed(
-            lambda i, e=engine, p=prompts, n=lengths: e.generate(
-                params, plan, p, n, jax.random.key(i)
-            ),
-            repeats,
-        )
-        row["vllm"] = {"seconds": seconds, **_lengths(result)}
-        row["vllm_n8_unseeded"] = _vllm_grouped(engine, prompts, new_tokens, stops, repeats)
-        engine.close()
+        row = {}
+        for form, (batching, slots) in KV_CACHE.items():
+            kv = step.KVCacheEngine(
+                graphdef,
+                max_new_tokens=new_tokens,
+                temperature=1.0,
+                eos_ids=stops,
+                micro_batch_slots=slots,
+                batching=batching,
+            )
+            kv_generate = jax.jit(kv.generate)
+            seconds, result = _timed(
+                lambda i, g=kv_generate, p=prompts, n=lengths: g(
+                    params, plan, p, n, jax.random.key(i)
+                ),
+                repeats,
+            )
+            row[f"kv_cache_{form}"] = {"seconds": seconds, **_lengths(result)}
+        if with_vllm:
+            engine = step.VLLMEngine(
+                graphdef,
+                params,
+                max_prompt_tokens=prompt_tokens,
+                max_new_tokens=new_tokens,
+                temperature=1.0,
+                eos_ids=stops,
+                settings=step.VLLMConfig(dtype="float32", max_num_seqs=NUM_PROMPTS * ROLLOUTS),
+            )
+            seconds, result = _timed(
+                lambda i, e=engine, p=prompts, n=lengths: e.generate(
+                    params, plan, p, n, jax.random.key(i)
+                ),
+                repeats,
+            )
+            row["vllm"] = {"seconds": seconds, **_lengths(result)}
+            row["vllm_n8_unseeded"] = _vllm_grouped(engine, prompts, new_tokens, stops, repeats)
+            engine.close()
         for entry in row.values():
             entry["tokens_per_s"] = entry["tokens"] / entry["seconds"]
         results[name] = row
@@ -152,10 +179,10 @@ def _vllm_grouped(engine, prompts, new_tokens, stops, repeats) -> dict:
     }
 
 
-def training_steps(repeats: int) -> dict:
+def training_steps(repeats: int, with_vllm: bool) -> dict:
     """Median seconds of a whole chain-task training step, and its phases, through each engine."""
     results = {}
-    for engine in step.ENGINES:
+    for engine in step.ENGINES if with_vllm else ("kv_cache",):
         config = tiny_cpu.get_config()
         config.update(progress=False, tensorboard=False, num_prompts=32, n_mean=4)
         config.model.update(head_dim=64, d_model=256, num_heads=4, num_kv_heads=2, mlp_dim=768)
@@ -174,17 +201,54 @@ def training_steps(repeats: int) -> dict:
     return results
 
 
+def graded_steps(steps: int) -> dict:
+    """Median seconds per phase of graded-profile steps from its warm start, per batching."""
+    if not WARM_START.is_dir():
+        print(f"graded: skipped, no warm start at {WARM_START.relative_to(REPO)}")
+        return {}
+    results = {}
+    for batching, slots in (("static", None), ("continuous", 32)):
+        config = graded.get_config()
+        config.update(init_from=str(WARM_START), progress=False, tensorboard=False)
+        config.rollout.update(batching=batching, micro_batch_slots=slots)
+        run = train.build_run(config)
+        state, rows, tokens = run.state, [], []
+        for _ in range(steps):
+            state, metrics, times = train.run_step(run, state, next(run.prompt_batches))
+            rows.append(times)
+            tokens.append(float(metrics["response_length"]))
+        run.close()
+        results[batching] = {
+            **{name: float(np.median([r[name] for r in rows[1:]])) for name in rows[0]},
+            "mean_completion_length": float(np.mean(tokens)),
+        }
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3, help="timed calls after a warm-up")
     parser.add_argument("--out", default="", help="also write the figures as JSON here")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS), help="sampling workloads")
+    parser.add_argument("--no-vllm", action="store_true", help="the built-in engine only")
+    parser.add_argument("--no-step", action="store_true", help="skip the chain-task step")
+    parser.add_argument("--graded", type=int, default=0, help="graded-profile steps (0: none)")
     args = parser.parse_args()
+    names = [name for name in args.workloads.split(",") if name]
+    unknown = sorted(set(names) - set(WORKLOADS))
+    if unknown:
+        parser.error(
+            f"--workloads: unknown {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}"
+        )
     figures = {
         "devices": [str(d) for d in jax.devices()],
         "cpu_count": os.cpu_count(),
-        "generate": generate_workloads(args.repeats),
-        "step": training_steps(args.repeats),
+        "generate": generate_workloads(args.repeats, names, not args.no_vllm),
     }
+    if not args.no_step:
+        figures["step"] = training_steps(args.repeats, not args.no_vllm)
+    if args.graded:
+        figures["graded"] = graded_steps(args.graded)
     print("| workload | engine | tokens/s | median s | tokens | median length | at max |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for name, row in figures["generate"].items():
@@ -194,9 +258,16 @@ def main() -> None:
                 f"{entry['tokens']:,} | {entry['median_length']:.0f} | "
                 f"{entry['at_max_fraction']:.1%} |"
             )
-    print("\n| step | engine | " + " | ".join(figures["step"]["kv_cache"]) + " |")
-    for engine, entry in figures["step"].items():
-        print(f"| chain | {engine} | " + " | ".join(f"{v:.2f} s" for v in entry.values()) + " |")
+        base = row["kv_cache_static"]["tokens_per_s"]
+        ratios = ", ".join(
+            f"{engine} {entry['tokens_per_s'] / base:.2f}x"
+            for engine, entry in row.items()
+            if engine != "kv_cache_static"
+        )
+        print(f"| {name} | against kv_cache_static | {ratios} | | | | |")
+    for part in ("step", "graded"):
+        for engine, entry in figures.get(part, {}).items():
+            print(f"{part} | {engine} | " + " | ".join(f"{k} {v:.2f}" for k, v in entry.items()))
     if args.out:
         with open(args.out, "w", encoding="utf-8") as file:
             json.dump(figures, file, indent=2)

@@ -44,6 +44,10 @@ def paper_config(size: str) -> ml_collections.ConfigDict:
     # 4.5 GiB for the 256 prompts' shared prefill. Per-slot keys make the completions the same
     # for any value (up to the matmuls' rounding at another batch size): resumable.
     config.rollout.micro_batch_slots = 128
+    # The library's default, stated: a decode slot whose completion stops takes the next of the
+    # 1024 rollouts at once, so the rollout phase costs what its tokens cost, not 8 chunks x the
+    # longest completion of each.
+    config.rollout.batching = "continuous"
     config.task_kind = "math"
     config.math.update(
         preset="dapo_math_en",

@@ -47,8 +47,10 @@ def get_config() -> ml_collections.ConfigDict:
     config.train.steps = 150
     config.train.tensorboard = False
     config.train.checkpoint.every_steps = 50
-    # The committed runs were trained padded: pinned, so that they keep reproducing.
+    # The committed runs were trained padded and sampled in static chunks: pinned, so that they
+    # keep reproducing.
     config.train.grpo.pack_sequences = False
+    config.train.rollout.batching = "static"
     # 960 prompts: 150 steps x 32 prompts visit each 5 times on average (SPEC 11), 300 steps 10
     # times; pinned, so that the pilots' run lengths share one pool.
     config.train.task.pool_size = tasks.pool_size_for(150, config.train.num_prompts)

@@ -168,7 +168,7 @@ def run_schema() -> dict[str, Any]:
             0.0, float, "host rewards: seconds before a hung call stops the run"
         ),
         "rollout": {
-            **from_dataclass(RolloutConfig),
+            **_rollout_block(),
             "vllm": from_dataclass(VLLMConfig),
         },
         "task": from_dataclass(tasks.ChainTaskConfig),
@@ -204,6 +204,13 @@ def _grpo_block() -> dict[str, Field]:
     block = from_dataclass(GRPOConfig)
     # Packing came after the declared study's runs, which were padded (and pin it so).
     block["pack_sequences"] = block["pack_sequences"]._replace(before=False)
+    return block
+
+
+def _rollout_block() -> dict[str, Field]:
+    block = from_dataclass(RolloutConfig)
+    # Continuous batching came after the declared study's runs, which decoded static chunks.
+    block["batching"] = block["batching"]._replace(before="static")
     return block
 
 

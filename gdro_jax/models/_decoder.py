@@ -127,6 +127,15 @@ def _attention(q_BTNH, k_BKHS, v_BKSH, allowed_BTS):
     return attn_BKQH.reshape(B, K, G, T, H).transpose(0, 3, 1, 2, 4).reshape(B, T, N, H)
 
 
+def _write_cache(cache: jax.Array, new: jax.Array, index: jax.Array | int, axis: int):
+    """`cache` with `new` written along `axis` from `index`: one slot for the whole batch (a
+    scalar), or one per row (a [B] vector: rows of a continuous batch are at different steps)."""
+    if jnp.ndim(index) == 0:
+        return jax.lax.dynamic_update_slice_in_dim(cache, new, index, axis)
+    write_row = functools.partial(jax.lax.dynamic_update_slice_in_dim, axis=axis - 1)
+    return jax.vmap(write_row)(cache, new, index)
+
+
 def attention_implementation(config: DecoderConfig, platform: str | None = None) -> str:
     """The path a full forward pass's attention takes: "cudnn" or "xla".
 
@@ -229,7 +238,7 @@ class DecoderLayers(nnx.Module):
           allowed_BTS: whether query t may attend key slot s.
           cache: this layer's (keys [B, K, H, S], values [B, K, S, H]), or None to attend only
             within this call's tokens.
-          cache_index: cache slot of this call's first token.
+          cache_index: cache slot of this call's first token (a scalar, or one per row [B]).
 
         Returns:
           (the new residual stream [B, T, D], this layer's cache with the new keys/values
@@ -258,12 +267,8 @@ class DecoderLayers(nnx.Module):
         if cache is None:
             k_BKHS, v_BKSH = k_BKHT, v_BKTH
         else:
-            k_BKHS = jax.lax.dynamic_update_slice(
-                cache[0], k_BKHT.astype(cache[0].dtype), (0, 0, 0, cache_index)
-            )
-            v_BKSH = jax.lax.dynamic_update_slice(
-                cache[1], v_BKTH.astype(cache[1].dtype), (0, 0, cache_index, 0)
-            )
+            k_BKHS = _write_cache(cache[0], k_BKHT.astype(cache[0].dtype), cache_index, axis=3)
+            v_BKSH = _write_cache(cache[1], v_BKTH.astype(cache[1].dtype), cache_index, axis=2)
             cache = (constrain(k_BKHS, s.cache_bkhs, mesh), constrain(v_BKSH, s.cache_bksh, mesh))
             k_BKHS, v_BKSH = cache
 
@@ -383,7 +388,8 @@ class Decoder(nnx.Module):
           tokens_BT: the new token ids.
           positions_BT: their RoPE positions.
           cache: the KV cache (S slots).
-          cache_index: slot of the first new token (same for the whole batch).
+          cache_index: slot of the first new token: a scalar (the whole batch), or [B], one per
+            sequence (a continuous batch, whose sequences are at different steps).
           key_mask_BS: False for slots that never hold a real token (padding).
           layers: the result of `layer_slices()`, computed once outside a decode loop (optional;
             otherwise every layer's weights are sliced from the stacked arrays here).
@@ -393,9 +399,10 @@ class Decoder(nnx.Module):
         """
         T = tokens_BT.shape[1]
         S = cache.v[0].shape[2]
-        query_slot_T = cache_index + jnp.arange(T)
-        causal_TS = jnp.arange(S)[None, :] <= query_slot_T[:, None]
-        allowed_BTS = key_mask_BS.astype(bool)[:, None, :] & causal_TS[None]
+        # [T] slots for one index, [B, T] for one index per row.
+        query_slot = jnp.asarray(cache_index)[..., None] + jnp.arange(T)
+        causal = jnp.arange(S) <= query_slot[..., None]
+        allowed_BTS = key_mask_BS.astype(bool)[:, None, :] & causal
         return self._run(
             tokens_BT,
             positions_BT,

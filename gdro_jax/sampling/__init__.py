@@ -1,7 +1,7 @@
 """The jitted KV-cache sampler, the matching per-token log-probabilities, and sequences packed
 into fixed-length rows for the trainer's forward passes."""
 
-from gdro_jax.sampling._generate import FinishReason, GenerationResult, generate, sample_logits
+from gdro_jax.sampling._generate import FinishReason, GenerationResult, sample_logits
 from gdro_jax.sampling._logprobs import completion_logprobs, sequence_logprobs
 from gdro_jax.sampling._packing import (
     PackedRows,
@@ -13,8 +13,10 @@ from gdro_jax.sampling._packing import (
     packed_rows_logprobs,
     unpack_completion_logprobs,
 )
+from gdro_jax.sampling._sampler import BATCHING, generate
 
 __all__ = [
+    "BATCHING",
     "FinishReason",
     "GenerationResult",
     "PackedRows",

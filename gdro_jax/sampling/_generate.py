@@ -40,12 +40,10 @@ from __future__ import annotations
 import enum
 import functools
 import math
-from collections.abc import Sequence
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -393,139 +391,4 @@ def _generate(
         finish_reasons=finish_reasons_R,
         prompt_tokens=left_NP[prompt_of_slot_R],
         prompt_lengths=lengths_N[prompt_of_slot_R],
-    )
-
-
-def _bucket(length: int, multiple: int) -> int:
-    return max(multiple, -(-length // multiple) * multiple)
-
-
-def generate(
-    model: Decoder,
-    prompt_tokens: Sequence[Sequence[int]] | jax.typing.ArrayLike,
-    *,
-    key: jax.Array,
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    top_k: int = 0,
-    eos_ids: Sequence[int] | jax.typing.ArrayLike = (),
-    prompt_lengths: jax.typing.ArrayLike | None = None,
-    prompt_of_slot: jax.typing.ArrayLike | None = None,
-    pad_id: int = 0,
-    prompt_bucket: int = 64,
-    share_prefill: bool = True,
-    micro_batch_slots: int | None = None,
-) -> GenerationResult:
-    """Samples completions of a batch of prompts with a KV cache, in one compiled loop.
-
-    Compiles once per (number of prompts, number of slots, padded prompt length, max_new_tokens,
-    top_k, greedy or not, top-p on or off, number of stop ids, micro-batch size); the temperature
-    and top_p values, the stop ids, the slot map and the key are traced, so changing them does
-    not recompile.
-
-    Args:
-      model: the Decoder (sharded or not).
-      prompt_tokens: N prompts, either a list of token-id lists (padded on the host to a multiple
-        of `prompt_bucket`), or an int array [N, P] whose row i holds prompt i in its first
-        `prompt_lengths[i]` entries (right padding; P is used as is). Every prompt needs at least
-        one token.
-      key: PRNG key; the same key and inputs give the same result. Slot r's token t is drawn
-        with `fold_in(fold_in(key, r), t)`, so a slot's completion does not depend on the other
-        slots or on `micro_batch_slots`.
-      max_new_tokens: M, the most tokens generated per slot.
-      temperature: softmax temperature; 0 means greedy (argmax).
-      top_p: nucleus filter, in (0, 1]; 1 disables it.
-      top_k: keep the k most likely tokens; 0 disables it.
-      eos_ids: stop ids: a slot stops after emitting any of them.
-      prompt_lengths: [N] prompt lengths, required with an array `prompt_tokens`.
-      prompt_of_slot: [R] which prompt each sampled sequence continues (SPEC section 6); default
-        one slot per prompt (R = N).
-      pad_id: fills prompts' padding and completions after their end.
-      prompt_bucket: list prompts are padded to a multiple of this length (fewer compilations).
-      share_prefill: prefill each distinct prompt once and copy its cache to its slots (True), or
-        prefill every slot separately (False; same result, for benchmarking).
-      micro_batch_slots: decode the R slots in chunks of at most this many (a `lax.map` over
-        chunks in the same compiled function; the last chunk is padded when it does not divide
-        R), so the KV cache holds micro_batch_slots x (P + M) slots instead of R x (P + M), next
-        to the N x P prefill cache. None or 0: all R slots at once. Same completions either way
-        (up to float rounding, see the module docstring).
-
-    Returns:
-      GenerationResult with tokens/logprobs [R, M], lengths and finish reasons [R], and each
-      slot's left-padded prompt. `logprobs` are log-probs of the sampled tokens under the
-      temperature-scaled model, log_softmax(logits / temperature), before top-k/top-p truncation
-      (under temperature 1 when greedy): the same quantity as `completion_logprobs`, which the
-      GRPO ratio needs.
-    """
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
-    if not temperature >= 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature!r}")
-    if not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
-    vocab = model.config.vocab_size
-    if not isinstance(top_k, int) or not 0 <= top_k <= vocab:
-        raise ValueError(f"top_k must be an int in [0, vocab_size={vocab}], got {top_k!r}")
-    if not isinstance(prompt_bucket, int) or prompt_bucket < 1:
-        raise ValueError(f"prompt_bucket must be a positive int, got {prompt_bucket!r}")
-    if micro_batch_slots is not None and (
-        isinstance(micro_batch_slots, bool)
-        or not isinstance(micro_batch_slots, int)
-        or micro_batch_slots < 0
-    ):
-        raise ValueError(
-            "micro_batch_slots must be None or an int >= 0 (0: all slots at once), got "
-            f"micro_batch_slots={micro_batch_slots!r}"
-        )
-
-    if isinstance(prompt_tokens, list | tuple):
-        if prompt_lengths is not None:
-            raise ValueError("prompt_lengths is only for array prompt_tokens; got a list too")
-        lengths = np.asarray([len(p) for p in prompt_tokens], np.int32)
-        if lengths.size == 0 or lengths.min() < 1:
-            raise ValueError(f"every prompt needs at least one token, got lengths {lengths}")
-        tokens = np.full((len(prompt_tokens), _bucket(int(lengths.max()), prompt_bucket)), pad_id)
-        for i, prompt in enumerate(prompt_tokens):
-            tokens[i, : len(prompt)] = prompt
-        tokens = tokens.astype(np.int32)
-    else:
-        if prompt_lengths is None:
-            raise ValueError("prompt_lengths [N] is required when prompt_tokens is an array")
-        tokens, lengths = prompt_tokens, prompt_lengths
-        if not isinstance(lengths, jax.core.Tracer):
-            concrete = np.asarray(lengths)
-            if concrete.min() < 1 or concrete.max() > np.shape(tokens)[1]:
-                raise ValueError(
-                    f"prompt_lengths must be in [1, {np.shape(tokens)[1]}], got {concrete}"
-                )
-    num_prompts = np.shape(tokens)[0]
-    if prompt_of_slot is None:
-        prompt_of_slot = np.arange(num_prompts, dtype=np.int32)
-    elif not isinstance(prompt_of_slot, jax.core.Tracer):
-        concrete = np.asarray(prompt_of_slot)
-        if concrete.ndim != 1 or concrete.min() < 0 or concrete.max() >= num_prompts:
-            raise ValueError(
-                f"prompt_of_slot must be a [R] vector of prompt indices in [0, {num_prompts}), "
-                f"got {concrete}"
-            )
-    num_slots = np.shape(prompt_of_slot)[0]
-    graphdef, state = nnx.split(model)
-    return _generate(
-        graphdef,
-        state,
-        jnp.asarray(tokens, jnp.int32),
-        jnp.asarray(lengths, jnp.int32),
-        jnp.asarray(prompt_of_slot, jnp.int32),
-        jnp.asarray(eos_ids, jnp.int32).reshape(-1),
-        key,
-        jnp.asarray(temperature if temperature > 0 else 1.0, jnp.float32),
-        jnp.asarray(top_p, jnp.float32),
-        max_new_tokens=max_new_tokens,
-        top_k=top_k,
-        greedy=temperature == 0,
-        use_top_p=top_p < 1,
-        share_prefill=share_prefill,
-        pad_id=int(pad_id),
-        micro_batch_slots=min(micro_batch_slots or num_slots, num_slots),
     )

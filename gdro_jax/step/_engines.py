@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from gdro_jax.controllers import Plan
-from gdro_jax.sampling import generate
+from gdro_jax.sampling import BATCHING, generate
 
 ENGINES = ("kv_cache", "vllm")
 LOGPROBS_FROM = ("trainer", "engine")
@@ -38,6 +38,11 @@ class RolloutConfig:
     Attributes:
       micro_batch_slots: rollout slots decoded at a time by kv_cache (KV cache size). None or 0
         means all R at once.
+      batching: how kv_cache shares those decode slots among the R rollouts. continuous: a slot
+        whose completion stops takes the next rollout at once, so the decode steps follow the
+        tokens sampled (set micro_batch_slots below R for it to pay); static: chunks of
+        micro_batch_slots, each decoded until its longest completion stops. The same completions
+        up to float rounding.
       engine: kv_cache (the built-in sampler) or vllm (the vllm extra). vllm is `VLLMEngine`.
       greedy: decode greedily (argmax), log-probs under temperature 1. For checking one engine
         against another; needs grpo.temperature=1.
@@ -50,6 +55,7 @@ class RolloutConfig:
     """
 
     micro_batch_slots: int | None = None
+    batching: str = "continuous"
     engine: str = "kv_cache"
     greedy: bool = False
     logprobs_from: str = "trainer"
@@ -59,6 +65,10 @@ class RolloutConfig:
         if self.engine not in ENGINES:
             raise ValueError(
                 f"engine must be one of {', '.join(ENGINES)}, got engine={self.engine!r}"
+            )
+        if self.batching not in BATCHING:
+            raise ValueError(
+                f"batching must be one of {', '.join(BATCHING)}, got batching={self.batching!r}"
             )
         if self.logprobs_from not in LOGPROBS_FROM:
             raise ValueError(
@@ -99,6 +109,7 @@ def sample_rollouts(
     temperature: float,
     eos_ids: tuple[int, ...],
     micro_batch_slots: int | None = None,
+    batching: str = "continuous",
 ) -> Rollouts:
     """Samples `R = len(plan.prompt_of_slot)` completions; rewards are scored afterwards.
 
@@ -115,6 +126,7 @@ def sample_rollouts(
       micro_batch_slots: decode the slots this many at a time (the KV cache then holds
         micro_batch_slots x (P + M) slots); None or 0: all R at once. Same completions either
         way, up to float rounding (see `gdro_jax.sampling.generate`).
+      batching: continuous or static (`RolloutConfig.batching`).
 
     Returns:
       The `Rollouts` with rewards 0 and correct False: the run's reward phase fills them in
@@ -131,6 +143,7 @@ def sample_rollouts(
         temperature=temperature,
         eos_ids=eos_ids,
         micro_batch_slots=micro_batch_slots,
+        batching=batching,
     )
     num_slots = result.lengths.shape[0]
     return Rollouts(
@@ -186,6 +199,7 @@ class KVCacheEngine:
       eos_ids: stop ids.
       micro_batch_slots: slots decoded at a time (`config.rollout.micro_batch_slots`); None or 0:
         all R at once.
+      batching: continuous or static (`config.rollout.batching`).
     """
 
     def __init__(
@@ -196,12 +210,14 @@ class KVCacheEngine:
         temperature: float,
         eos_ids: tuple[int, ...],
         micro_batch_slots: int | None = None,
+        batching: str = "continuous",
     ):
         self.graphdef = graphdef
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
         self.eos_ids = tuple(eos_ids)
         self.micro_batch_slots = micro_batch_slots
+        self.batching = batching
 
     def generate(self, params, plan, prompt_tokens_NP, prompt_lengths_N, key) -> Rollouts:
         """`sample_rollouts` with this engine's settings (pure JAX: traceable inside jit)."""
@@ -216,6 +232,7 @@ class KVCacheEngine:
             temperature=self.temperature,
             eos_ids=self.eos_ids,
             micro_batch_slots=self.micro_batch_slots,
+            batching=self.batching,
         )
 
     def sync_weights(self, params: nnx.State) -> None:

@@ -248,6 +248,7 @@ class StepProgram:
             temperature=0.0 if self.rollout.greedy else self.grpo.temperature,
             eos_ids=self.eos_ids,
             micro_batch_slots=self.rollout_micro_batch_slots,
+            batching=self.rollout.batching,
         )
 
     def rollout_function(

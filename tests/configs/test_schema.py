@@ -136,9 +136,10 @@ def test_a_config_saved_before_a_field_existed_resumes_under_its_default():
 
 def test_the_canonical_form_ignores_fields_at_their_defaults():
     schema = configs.run_schema()
-    # grpo.pack_sequences: on by default, but the configs written before it existed (the
-    # declared study's stored stamps) ran padded, so "on" is what the canonical form names.
-    packed = {"grpo": {"pack_sequences": True}}
+    # grpo.pack_sequences and rollout.batching: packed and continuous by default, but the
+    # configs written before them (the declared study's stored stamps) ran padded and static, so
+    # today's defaults are what the canonical form names.
+    packed = {"grpo": {"pack_sequences": True}, "rollout": {"batching": "continuous"}}
     assert configs.canonical(configs.run_config(), schema) == packed
     explicit = configs.run_config()
     explicit.grpo.eps_high = 0.28  # the default, set by hand
@@ -147,6 +148,7 @@ def test_the_canonical_form_ignores_fields_at_their_defaults():
     assert configs.canonical(explicit, schema) == configs.canonical(left_out, schema) == packed
     changed = configs.run_config()
     changed.grpo.update(eps_high=0.3, pack_sequences=False)
+    changed.rollout.batching = "static"
     changed.classifier.edges = (0.5,)
     assert configs.canonical(changed, schema) == {
         "grpo": {"eps_high": 0.3},
@@ -155,13 +157,15 @@ def test_the_canonical_form_ignores_fields_at_their_defaults():
 
 
 def test_a_config_from_before_packing_canonicalises_as_one_pinned_padded():
-    """A stored config without `grpo.pack_sequences` ran padded: its canonical form (and so a
-    study run's stamp) equals that of today's config pinning it off, not of the default."""
+    """A stored config without `grpo.pack_sequences` ran padded, and one without
+    `rollout.batching` sampled in static chunks: its canonical form (and so a study run's stamp)
+    equals that of today's config pinning both, not of the defaults."""
     schema = configs.run_schema()
     before = configs.config_dict(configs.run_config())
-    del before["grpo"]["pack_sequences"]
+    del before["grpo"]["pack_sequences"], before["rollout"]["batching"]
     pinned = configs.run_config()
     pinned.grpo.pack_sequences = False
+    pinned.rollout.batching = "static"
     assert configs.canonical(before, schema) == configs.canonical(pinned, schema) == {}
     assert configs.canonical(configs.run_config(), schema) != {}
 

@@ -15,6 +15,7 @@ from gdro_jax.models import (
     parameter_shardings,
 )
 from gdro_jax.sampling import _generate, generate
+from gdro_jax.sampling._continuous import _generate_continuous
 from tests.models.hf_helpers import make_hf_model, random_prompts
 
 PROMPTS = random_prompts((9, 4, 6, 1), seed=6)
@@ -64,8 +65,9 @@ def test_sharded_sampling_equals_single_device(
     )
 
 
-def _rollout_temporaries(config: DecoderConfig, *, N, P, M, R, C) -> int:
-    """Compiled temporary bytes per device of `generate`'s jitted body on a 1 x 4 x 1 mesh."""
+def _rollout_temporaries(config: DecoderConfig, *, N, P, M, R, C, batching) -> int:
+    """Compiled temporary bytes per device of `generate`'s jitted body (the continuous or the
+    static loop) on a 1 x 4 x 1 mesh."""
     mesh = make_mesh(1, 4, 1)
     model = abstract_decoder(config, mesh=mesh)
     graphdef, state = nnx.split(model)
@@ -76,11 +78,16 @@ def _rollout_temporaries(config: DecoderConfig, *, N, P, M, R, C) -> int:
     )
     ints = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)  # noqa: E731
     scalar = jax.ShapeDtypeStruct((), jnp.float32)
-    lowered = _generate._generate.lower(
+    arrays = (
         graphdef, state, ints(N, P), ints(N), ints(R), ints(1), jax.random.key(0), scalar, scalar,
-        max_new_tokens=M, top_k=0, greedy=False, use_top_p=False, share_prefill=True, pad_id=0,
-        micro_batch_slots=C,
     )  # fmt: skip
+    static = dict(max_new_tokens=M, top_k=0, greedy=False, use_top_p=False, pad_id=0)
+    if batching == "continuous":
+        lowered = _generate_continuous.lower(*arrays, **static, decode_slots=C)
+    else:
+        lowered = _generate._generate.lower(
+            *arrays, **static, share_prefill=True, micro_batch_slots=C
+        )
     return lowered.compile().memory_analysis().temp_size_in_bytes
 
 
@@ -92,7 +99,8 @@ def _per_layer(config: DecoderConfig, **shapes) -> float:
 
 
 @pytest.mark.slow
-def test_rollout_holds_each_layers_prefix_rows_on_their_devices_only():
+@pytest.mark.parametrize("batching", ["continuous", "static"])
+def test_rollout_holds_each_layers_prefix_rows_on_their_devices_only(batching):
     """A layer adds its shards of the chunk's KV cache and of the shared prefill cache, nothing
     more: gathering a chunk's prefix rows from a cache split by prompt would first build the
     chunk's C x P rows of every layer on every device (3x this layer cost here)."""
@@ -100,12 +108,13 @@ def test_rollout_holds_each_layers_prefix_rows_on_their_devices_only():
     N, P, M, R, C = 16, 256, 4, 64, 32
     per_kv_slot = 2 * config.num_kv_heads * config.head_dim * 2  # keys and values, bfloat16
     own_shards = (C * (P + M) + N * P) * per_kv_slot / 4  # 4 batch shards
-    growth = _per_layer(config, N=N, P=P, M=M, R=R, C=C)
+    growth = _per_layer(config, N=N, P=P, M=M, R=R, C=C, batching=batching)
     assert growth < 1.5 * own_shards, (growth, own_shards)
 
 
 @pytest.mark.slow
-def test_rollout_gathers_each_layers_weights_once():
+@pytest.mark.parametrize("batching", ["continuous", "static"])
+def test_rollout_gathers_each_layers_weights_once(batching):
     """The prefill and the decode loop read one gathered copy of the weights: a layer adds at
     most one gathered copy (in float32: XLA:CPU computes bfloat16 dots in float32), not one for
     the prefill and another hoisted out of the decode loop (2x)."""
@@ -115,5 +124,5 @@ def test_rollout_gathers_each_layers_weights_once():
     )  # fmt: skip
     D, F, H = config.d_model, config.mlp_dim, config.head_dim
     layer_float32 = 4 * (2 * D * config.num_heads * H + 2 * D * config.num_kv_heads * H + 3 * D * F)
-    growth = _per_layer(config, N=4, P=16, M=4, R=8, C=4)
+    growth = _per_layer(config, N=4, P=16, M=4, R=8, C=4, batching=batching)
     assert growth < 1.5 * layer_float32, (growth, layer_float32)

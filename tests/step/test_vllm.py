@@ -35,6 +35,7 @@ def _kv_rollouts(run, params, plan, ids, key, greedy):
         max_new_tokens=run.config.max_new_tokens,
         temperature=0.0 if greedy else run.config.grpo.temperature,
         eos_ids=run.task.eos_ids,
+        micro_batch_slots=2,  # fewer decode slots than rollouts: the continuous batch's queue
     )
     return engine.generate(
         params, plan, run.task.prompt_tokens[ids], run.task.prompt_lengths[ids], key

@@ -98,7 +98,8 @@ def test_the_trainer_samples_and_syncs_through_a_plugged_in_engine():
 
 
 @pytest.mark.slow
-def test_micro_batches_change_no_rollout_of_the_trainer():
+@pytest.mark.parametrize("batching", ["continuous", "static"])
+def test_micro_batches_change_no_rollout_of_the_trainer(batching):
     run = train.build_run(small_run_config("grpo"))  # R = 4 x 2 = 8 slots, all at once
     ids = jnp.asarray(next(run.prompt_batches), jnp.int32)
     plan = run.plan(run.state.gdro, ids, jax.random.key(1))
@@ -110,6 +111,7 @@ def test_micro_batches_change_no_rollout_of_the_trainer():
         temperature=run.config.grpo.temperature,
         eos_ids=run.task.eos_ids,
         micro_batch_slots=2,
+        batching=batching,
     ).generate(
         run.state.params,
         plan,

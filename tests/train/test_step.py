@@ -101,13 +101,18 @@ def test_grpo_step_equals_a_hand_written_reference():
     assert float(metrics["reward"]) == pytest.approx(float(rollouts.rewards.mean()))
 
 
+# A pool of 16; the R = 32 rollouts sampled by 8 decode slots of the continuous batch, so the
+# sampler's queue refills slots under allocations that change from step to step.
+QUEUED = {"task.pool_size": 16, "rollout.micro_batch_slots": 8}
+
+
 @pytest.fixture(scope="module")
 def gdro_both_one_device():
     """8 steps of gdro_both on one device with the parity reward (a reward earned about half the
     time gives mixed groups, and a pool of two batches makes every prompt come back, so the
     classifier spreads prompts over bins and both adversaries act): the run, its plans, the
     metrics rows and the parameters after step 2."""
-    run = train.build_run(_config("gdro_both", **{"task.pool_size": 16}), reward_fn=parity_reward)
+    run = train.build_run(_config("gdro_both", **QUEUED), reward_fn=parity_reward)
     plans, rows = [], []
 
     def recorded_plan(*args):
@@ -153,9 +158,7 @@ def test_controller_decisions_never_recompile_the_step(gdro_both_one_device):
 @pytest.mark.slow
 def test_two_steps_on_one_device_and_an_eight_device_mesh_agree(gdro_both_one_device):
     mesh = dict(data=2, fsdp=2, tensor=2)
-    run = train.build_run(
-        _config("gdro_both", mesh=mesh, **{"task.pool_size": 16}), reward_fn=parity_reward
-    )
+    run = train.build_run(_config("gdro_both", mesh=mesh, **QUEUED), reward_fn=parity_reward)
     state, rows_8 = run.state, []
     for _ in range(2):
         state, metrics, _ = train.run_step(run, state, next(run.prompt_batches))

@@ -1,0 +1,234 @@
+"""Continuous batching: a fixed number of decode lanes and a queue of requests, in one jitted loop.
+
+The static sampler (`_generate`) decodes each chunk of slots until its longest completion stops:
+the slots that stopped early ride along. Here the R requests (the plan's slots, in order) wait in
+a queue; C lanes decode them, and a lane whose request stops (a stop id or the cap) takes the next
+request at once, so the loop runs until the queue is empty and every lane has stopped, and the
+work follows the tokens sampled rather than C x the longest completion.
+
+Shapes stay static. Every lane owns a KV cache row of `S = P + M` slots laid out as the static
+sampler's: the request's prompt left-aligned in slots `P - len .. P-1` (copied from the shared
+prefill of the N prompts when the request enters), its completion from slot `P`. Lanes are at
+different steps, so each writes its new key/value at its own slot (`extend_cache` with one cache
+index per row) and attends to its own prefix and completion; slots a previous request left behind
+are masked until the new request overwrites them. A refill (`lax.cond`, only on steps where a lane
+is free and the queue is not empty) gathers the entering requests' prefixes, and their first
+tokens come from the prefill's logits; a request's tokens, log-probs, length and finish reason
+land in its own row of the [R, M] outputs.
+
+Randomness is the static sampler's: request r's token t is drawn with `fold_in(fold_in(key, r), t)`,
+whatever lane it ran in and whenever it entered, so both samplers give the same completions, equal
+up to the rounding of matmuls whose kernel depends on the batch's composition (bit for bit on CPU
+in the tests).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from gdro_jax.models import KVCache, constrain
+from gdro_jax.sampling._generate import (
+    FinishReason,
+    GenerationResult,
+    _left_align,
+    _positions_on_batch,
+    _sampling_copy,
+    _slots_on_batch,
+    sample_logits,
+)
+
+
+class _Lanes(NamedTuple):
+    """The continuous loop's carry: C lanes, the queue's head and the requests' outputs."""
+
+    cache: KVCache  # L x [C, K, H, S] keys and [C, K, S, H] values
+    request: jax.Array  # [C] int32 the lane's request (R: none yet)
+    prompt_length: jax.Array  # [C] int32 its prompt's length
+    step: jax.Array  # [C] int32 tokens its request has sampled
+    last: jax.Array  # [C] int32 the last token sampled, fed at the next decode step
+    done: jax.Array  # [C] bool the lane is free: its request stopped, or it has none
+    next_request: jax.Array  # [] int32 the queue's head
+    iterations: jax.Array  # [] int32 decode steps run
+    tokens: jax.Array  # [R, M] int32
+    logprobs: jax.Array  # [R, M] float32
+    lengths: jax.Array  # [R] int32
+    finish_reasons: jax.Array  # [R] int32
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "graphdef",
+        "max_new_tokens",
+        "top_k",
+        "greedy",
+        "use_top_p",
+        "pad_id",
+        "decode_slots",
+    ),
+)
+def _generate_continuous(
+    graphdef,
+    state,
+    tokens_NP,
+    lengths_N,
+    prompt_of_slot_R,
+    eos_ids_E,
+    key,
+    temperature,
+    top_p,
+    *,
+    max_new_tokens: int,
+    top_k: int,
+    greedy: bool,
+    use_top_p: bool,
+    pad_id: int,
+    decode_slots: int,
+) -> GenerationResult:
+    model = _sampling_copy(nnx.merge(graphdef, state))
+    P = tokens_NP.shape[1]
+    R, M, C = prompt_of_slot_R.shape[0], max_new_tokens, decode_slots
+    S = P + M
+    sample = functools.partial(
+        sample_logits,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        greedy=greedy,
+        use_top_p=use_top_p,
+    )
+
+    lengths_N = lengths_N.astype(jnp.int32)
+    left_NP, valid_NP = _left_align(tokens_NP.astype(jnp.int32), lengths_N, pad_id)
+    positions_NP = jnp.maximum(jnp.cumsum(valid_NP, axis=1) - 1, 0)
+    h_NPD, prefix_N = model.extend_cache(
+        left_NP,
+        positions_NP,
+        cache=model.init_cache(left_NP.shape[0], P),
+        cache_index=0,
+        key_mask_BS=valid_NP,
+    )
+    logits_NV = model.logits(h_NPD[:, -1:])[:, 0]
+    prefix_N = _positions_on_batch(model, prefix_N)
+    layers = model.layer_slices()  # weights sliced once, outside the loop
+
+    def draw(logits_CV, request_C, step_C):
+        """Request r's token t from its own key, `fold_in(fold_in(key, r), t)`."""
+        keys_C = jax.vmap(lambda r, t: jax.random.fold_in(jax.random.fold_in(key, r), t))(
+            request_C, step_C
+        )
+        return sample(logits_CV, keys_C)
+
+    def emit(lanes: _Lanes, active_C, token_C, logprob_C) -> _Lanes:
+        """Writes the active lanes' tokens into their requests' rows and advances them."""
+        row_C = jnp.where(active_C, lanes.request, R)  # row R is out of bounds: dropped
+        step_C = lanes.step + active_C.astype(jnp.int32)
+        stopped_C = active_C & jnp.any(token_C[:, None] == eos_ids_E[None, :], axis=-1)
+        return lanes._replace(
+            step=step_C,
+            last=jnp.where(active_C, token_C, lanes.last),
+            done=lanes.done | stopped_C | (active_C & (step_C >= M)),
+            tokens=lanes.tokens.at[row_C, lanes.step].set(token_C, mode="drop"),
+            logprobs=lanes.logprobs.at[row_C, lanes.step].set(logprob_C, mode="drop"),
+            lengths=lanes.lengths.at[row_C].set(step_C, mode="drop"),
+            finish_reasons=lanes.finish_reasons.at[jnp.where(stopped_C, row_C, R)].set(
+                int(FinishReason.EOS), mode="drop"
+            ),
+        )
+
+    def refill(lanes: _Lanes) -> _Lanes:
+        """Free lanes take the next requests in queue order (lane order among them)."""
+        free_C = lanes.done
+        entering_C = lanes.next_request + jnp.cumsum(free_C.astype(jnp.int32)) - 1
+        take_C = free_C & (entering_C < R)
+        request_C = jnp.where(take_C, entering_C, lanes.request)
+        prompt_C = prompt_of_slot_R[jnp.minimum(request_C, R - 1)]
+        gathered = _positions_on_batch(model, jax.tree.map(lambda a: a[prompt_C], prefix_N))
+        take_C111 = take_C[:, None, None, None]
+
+        def enter(cache_row, prefix, specs, position_axis):
+            kept = jax.lax.slice_in_dim(cache_row, 0, P, axis=position_axis)
+            prefix = jnp.where(take_C111, prefix, kept)
+            return constrain(
+                jax.lax.dynamic_update_slice_in_dim(cache_row, prefix, 0, position_axis),
+                specs,
+                model.mesh,
+            )
+
+        cache = KVCache(
+            k=tuple(
+                enter(c, p, model.sharding.cache_bkhs, 3)
+                for c, p in zip(lanes.cache.k, gathered.k, strict=True)
+            ),
+            v=tuple(
+                enter(c, p, model.sharding.cache_bksh, 2)
+                for c, p in zip(lanes.cache.v, gathered.v, strict=True)
+            ),
+        )
+        lanes = lanes._replace(
+            cache=cache,
+            request=request_C,
+            prompt_length=jnp.where(take_C, lengths_N[prompt_C], lanes.prompt_length),
+            step=jnp.where(take_C, 0, lanes.step),
+            done=lanes.done & ~take_C,
+            next_request=lanes.next_request + jnp.sum(take_C, dtype=jnp.int32),
+        )
+        # The first token comes from the prefill's last logits.
+        token_C, logprob_C = draw(logits_NV[prompt_C], request_C, lanes.step)
+        return emit(lanes, take_C, token_C, logprob_C)
+
+    def decode(lanes: _Lanes) -> _Lanes:
+        active_C = ~lanes.done
+        slot_C = P + jnp.maximum(lanes.step, 1) - 1  # where the last token's key/value go
+        h_C1D, cache = model.extend_cache(
+            lanes.last[:, None],
+            (lanes.prompt_length + lanes.step - 1)[:, None],
+            cache=lanes.cache,
+            cache_index=slot_C,
+            key_mask_BS=jnp.arange(S)[None, :] >= (P - lanes.prompt_length)[:, None],
+            layers=layers,
+        )
+        token_C, logprob_C = draw(model.logits(h_C1D)[:, 0], lanes.request, lanes.step)
+        lanes = emit(
+            lanes._replace(cache=cache, iterations=lanes.iterations + 1),
+            active_C,
+            token_C,
+            logprob_C,
+        )
+        can_refill = jnp.any(lanes.done) & (lanes.next_request < R)
+        return jax.lax.cond(can_refill, refill, lambda x: x, lanes)
+
+    def busy(lanes: _Lanes) -> jax.Array:
+        # Every step samples a token of some request, so R x M steps bound the loop: a broken
+        # queue then shows in the outputs instead of hanging.
+        waiting = jnp.any(~lanes.done) | (lanes.next_request < R)
+        return waiting & (lanes.iterations < R * M)
+
+    lanes = _Lanes(
+        cache=model.init_cache(C, S),
+        request=jnp.full((C,), R, jnp.int32),
+        prompt_length=jnp.ones((C,), jnp.int32),
+        step=jnp.ones((C,), jnp.int32),
+        last=jnp.full((C,), pad_id, jnp.int32),
+        done=jnp.ones((C,), bool),
+        next_request=jnp.zeros((), jnp.int32),
+        iterations=jnp.zeros((), jnp.int32),
+        tokens=jnp.full((R, M), pad_id, jnp.int32),
+        logprobs=jnp.zeros((R, M), jnp.float32),
+        lengths=jnp.zeros((R,), jnp.int32),
+        finish_reasons=jnp.full((R,), int(FinishReason.LENGTH), jnp.int32),
+    )
+    lanes = jax.lax.while_loop(busy, decode, refill(lanes))
+    outputs = _slots_on_batch(
+        model, (lanes.tokens, lanes.logprobs, lanes.lengths, lanes.finish_reasons)
+    )
+    return GenerationResult(
+        *outputs,
+        prompt_tokens=left_NP[prompt_of_slot_R],
+        prompt_lengths=lengths_N[prompt_of_slot_R],
+    )
