@@ -325,7 +325,8 @@ def chain_report(
     if not runtime.is_primary():  # several processes: each evaluated the split, 0 writes
         return report
     out.mkdir(parents=True, exist_ok=True)
-    (out / REPORT_JSON).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+    record = {**report.to_dict(), "environment": runtime.environment()}
+    (out / REPORT_JSON).write_text(json.dumps(record, indent=2) + "\n")
     (out / REPORT_MARKDOWN).write_text(report.to_markdown())
     (out / COMPLETIONS_FILE).unlink(missing_ok=True)  # never a file of an earlier run
     if save_completions:

@@ -418,6 +418,7 @@ def evaluate_math(
         },
         restarts=grader.stats.restarts - restarts_before,
     )
-    (out / REPORT_JSON).write_text(json.dumps(evaluation.to_dict(), indent=2) + "\n")
+    record = {**evaluation.to_dict(), "environment": runtime.environment()}
+    (out / REPORT_JSON).write_text(json.dumps(record, indent=2) + "\n")
     (out / REPORT_MARKDOWN).write_text(evaluation.to_markdown())
     return evaluation

@@ -7,6 +7,8 @@ for one device, is `gdro_jax.models`': the decoder, below this layer, places its
   `broadcast_from_primary`, `from_primary`, `gather`: plain local operations with one process.
 - `notice`, `logging_above_bars`: lines for a person printed above progress bars, not inside;
   `COMPILING_NOTE` on a bar until its first step is done.
+- `environment`: the machine and software a result was made with (versions, backend, devices,
+  the CPU and its vector extensions), recorded in every result file; `cpu_description`.
 - `check_writable_folder`: an output folder's pre-flight check; `use_compilation_cache`: jax's
   persistent compilation cache under the user's cache folder (`compilation_cache_dir`,
   `$GDRO_COMPILATION_CACHE`).
@@ -24,6 +26,7 @@ from gdro_jax.runtime._collectives import (
 )
 from gdro_jax.runtime._console import COMPILING_NOTE, logging_above_bars, notice
 from gdro_jax.runtime._distributed import initialize
+from gdro_jax.runtime._environment import cpu_description, environment
 from gdro_jax.runtime._folders import (
     CACHE_ENV,
     check_writable_folder,
@@ -38,6 +41,8 @@ __all__ = [
     "broadcast_from_primary",
     "check_writable_folder",
     "compilation_cache_dir",
+    "cpu_description",
+    "environment",
     "from_primary",
     "gather",
     "global_array",

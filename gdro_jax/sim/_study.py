@@ -21,6 +21,7 @@ import pathlib
 
 import ml_collections
 
+from gdro_jax.runtime import environment
 from gdro_jax.sim._calibrate import (
     calibrate_learning_rate,
     expected_pass_at_1,
@@ -156,6 +157,7 @@ def simulate_study(config: ml_collections.ConfigDict, workdir: str) -> dict:
         "predicted": predicted,
         "real": real,
         "study": config.study if real else None,
+        "environment": environment(),
     }
     pathlib.Path(workdir, "comparison.json").write_text(json.dumps(record, indent=2))
     pathlib.Path(workdir, "comparison.md").write_text(table + "\n")

@@ -10,7 +10,7 @@ Layout of the work directory:
     warm_start/                 the pretrain folder (model/, frontier.json) + eval_<split>.json
     <arm>/seed_<s>/             the RL run's folder (metrics.jsonl, checkpoints/, model/, ...)
     <arm>/seed_<s>/eval_<split>.json   its held-out evaluation, its compact log and decisions,
-                                and the stamp that produced it
+                                the stamp that produced it and the machine that ran it
 
 The store (`<results>/runs/`, committed with the results) has the same layout with the small
 files only: each run's evaluation file, and the whole warm start folder (its weights, about 3 MB
@@ -19,8 +19,10 @@ train other weights from the same config, so a fresh work directory takes the st
 (`restore_warm_start`) rather than training its own. A run whose evaluation file, in the store or
 the work directory, carries the same stamp (the run's config, the warm start's config and the
 evaluation settings) is finished and never rerun; an interrupted run resumes from its
-checkpoints. Every run is deterministic on CPU, so rerunning one alone
-(`--config.only=<arm>/<seed>`) reproduces its figures exactly.
+checkpoints. Every run is deterministic on one CPU type (XLA's CPU code follows the processor's
+vector extensions, which the file's `environment` records), so rerunning one alone there
+(`--config.only=<arm>/<seed>`) reproduces its figures exactly; another machine type reproduces
+them within their intervals (RESULTS.md).
 
 Over 400 lines on purpose: the arms, the stamps that say a run is finished, running one run and
 the store of finished runs and the warm start are one protocol, each rule read beside the others
@@ -41,7 +43,7 @@ from typing import Any, NamedTuple
 
 import ml_collections
 
-from gdro_jax import configs, controllers, models, tasks
+from gdro_jax import configs, controllers, models, runtime, tasks
 from gdro_jax import eval as evaluation
 from gdro_jax.study._decisions import decision_summary
 from gdro_jax.study._demo import BASELINE
@@ -254,7 +256,8 @@ def prepare_warm_start(config: ml_collections.ConfigDict, workdir: pathlib.Path)
     stamp = _stamp(None, config.eval) + "-" + config_hash(config.pretrain)
     if _read_done(path, stamp) is None:
         result = _evaluate(model_dir, config, config.progress)
-        path.write_text(json.dumps({"stamp": stamp, "evaluation": result.to_dict()}))
+        record = {"stamp": stamp, "evaluation": result.to_dict()}
+        path.write_text(json.dumps({**record, "environment": runtime.environment()}))
     return model_dir
 
 
@@ -393,6 +396,8 @@ def run_one(
     record["decisions"] = decision_summary(rows, after_step=min(first_pass, len(rows) - 1))
     record["decisions"]["after_step"] = min(first_pass, len(rows) - 1)
     record["log"] = compact_log(rows)
+    # The machine-dependent lines last: a rerun's `git diff` shows them and nothing else.
+    record["environment"] = runtime.environment()
     record["seconds"] = {"train": train_seconds, "eval": time.perf_counter() - start}
     path = _eval_file(folder, config.eval.split)
     write_record(path, record)

@@ -10,7 +10,8 @@ task's validation split, prints the per-level table, and saves a run folder:
     workdir/model/           HF folder (config.json, model.safetensors, tokenizer files):
                              `models.from_pretrained` and `transformers` both load it
     workdir/tokenizer/       the task tokenizer (`tasks.save_tokenizer`)
-    workdir/frontier.json    per-level validation metrics, the frontier check, training times
+    workdir/frontier.json    per-level validation metrics, the frontier check, training times,
+                             the machine and versions that made it (`runtime.environment`)
     workdir/pretrain.json    the config and its hash, written last (marks the folder complete)
 
 A later call with the same config (same hash) reuses the folder instead of training again, so
@@ -332,6 +333,7 @@ def pretrain(
             "cpu_seconds": train_cpu_seconds,
         },
         "eval": {"wall_seconds": eval_seconds, "cpu_seconds": eval_cpu_seconds},
+        "environment": runtime.environment(),
     }
     (workdir / FRONTIER_FILE).write_text(json.dumps(metrics, indent=2))
     (workdir / CONFIG_FILE).write_text(

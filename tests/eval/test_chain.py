@@ -179,6 +179,8 @@ def test_levels_pooled_and_frontier_match_the_known_verdicts(evaluated):
 def test_reports_and_completions_are_written(policy, evaluated):
     out, report = evaluated
     saved = json.loads((out / "report.json").read_text())
+    environment = saved.pop("environment")  # the machine that made it (tests/runtime)
+    assert environment["packages"]["jax"] == jax.__version__
     assert saved == json.loads(json.dumps(report.to_dict()))
     assert saved["frontier"]["levels"] == [4, 5, 6] and saved["frontier"]["threshold"] == 0.95
     assert saved["settings"]["policy"] == str(policy) and saved["settings"]["step"] is None
