@@ -134,7 +134,7 @@ def test_main_writes_the_report_and_the_completions(policy_dir, math500, math_ev
     assert report["settings"]["temperature"] == 0.6 and report["settings"]["top_k"] == 20
     markdown = (out / "report.md").read_text()
     assert f"| math500 | {NUM_PROBLEMS} |" in markdown
-    assert "| bin | problems | mean@2 | pass@1 | pass@2 |" in markdown
+    assert "| bin | problems | pass@1 | pass@2 |" in markdown
     assert markdown in printed
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == NUM_PROBLEMS
@@ -236,7 +236,7 @@ def test_a_chain_run_is_evaluated_on_its_test_split(chain_run, chain_evaluation)
     assert report["frontier"]["levels"] == frontier and report["frontier"]["k"] == 8
     assert report["frontier"]["summary"]["num_problems"] == per_level * len(frontier)
     markdown = (out / "report.md").read_text()
-    assert "| level | problems | mean@8 | pass@1 | pass@8 |" in markdown
+    assert "| level | problems | pass@1 | pass@8 |" in markdown
     assert all(f"\n| {level} | {per_level} |" in markdown for level in levels)
     assert f"| pooled | {len(test)} |" in markdown and "| frontier |" in markdown
     assert f"Frontier levels (pass@8 < 0.95): {', '.join(map(str, frontier))}." in markdown

@@ -103,14 +103,15 @@ class ChainEvaluation:
         }
 
     def to_table(self, ks: Sequence[int] | None = None) -> str:
-        """A plain-text table, a row per level and a pooled row: problems, mean@n and pass@k
-        (`ks`, default 1 and n) as `estimate [95 % bootstrap interval]`; no trailing newline."""
+        """A plain-text table, a row per level and a pooled row: problems and pass@k (`ks`,
+        default 1 and n; pass@1 is also mean@n, the fraction of samples right) as `estimate
+        [95 % bootstrap interval]`; no trailing newline."""
         n = self.num_samples
         ks = sorted({1, n}) if ks is None else list(ks)
         for k in ks:
             if not 1 <= k <= n:
                 raise ValueError(f"ks must lie in [1, {n}], got {k!r}")
-        header = ["level", "problems", f"mean@{n}"] + [f"pass@{k}" for k in ks]
+        header = ["level", "problems"] + [f"pass@{k}" for k in ks]
         named = [(str(level), s) for level, s in self.by_level.items()] + [("pooled", self.pooled)]
         lines = [[name, *summary_cells(s, ks)] for name, s in named]
         widths = [max(len(r[i]) for r in [header, *lines]) for i in range(len(header))]
@@ -129,6 +130,7 @@ def evaluate_chain(
     settings: Any = None,
     *,
     progress: bool = False,
+    label: str = "eval",
     sampler: Callable[..., Any] = generate,
     on_batch: OnBatch | None = None,
     num_resamples: int = 1000,
@@ -144,6 +146,7 @@ def evaluate_chain(
       settings: an `EvalSettings` (None: `EvalSettings.of("chain")`) or the `eval` block of a
         warm-start or study config; `CHAIN_FIELDS` are read (pass@k for k = 1..num_samples).
       progress: show a tqdm bar over batches.
+      label: the bar's label (e.g. the policy's name).
       sampler: called like `sampling.generate` (tests pass fakes with known odds).
       on_batch: called after each batch with its real problems' indices int[b], and their
         slots' tokens int32[b * n, M], lengths int32[b * n] and correctness bool[b * n] (slot r
@@ -172,7 +175,7 @@ def evaluate_chain(
     key = jax.random.key(settings.seed)
     correct_N = np.zeros((num_problems,), np.int64)
     starts = range(0, num_problems, batch_size)
-    for batch, start in enumerate(tqdm(starts, desc="eval", disable=not progress, leave=False)):
+    for batch, start in enumerate(tqdm(starts, desc=label, disable=not progress, leave=False)):
         rows_B = batch_rows(start, batch_size, num_problems)
         result = sample_batch(
             model, sampler, arrays.prompt_tokens[rows_B], arrays.prompt_lengths[rows_B],
@@ -238,11 +241,11 @@ class ChainReport:
         }
 
     def to_markdown(self) -> str:
-        """A Markdown table: one row per level, pooled and frontier, with mean@n and pass@k for
-        k = 1, the frontier's k and n (`report.json` has every k); 95 % intervals."""
+        """A Markdown table: one row per level, pooled and frontier, with pass@k for k = 1 (also
+        mean@n), the frontier's k and n (`report.json` has every k and mean@n); 95 % intervals."""
         evaluation, n, s = self.evaluation, self.evaluation.num_samples, self.settings
         ks = sorted({1, evaluation.frontier_k, n})
-        header = ["level", "problems", f"mean@{n}"] + [f"pass@{k}" for k in ks]
+        header = ["level", "problems"] + [f"pass@{k}" for k in ks]
         named = [(str(level), summary) for level, summary in evaluation.by_level.items()]
         named += [("pooled", evaluation.pooled), ("frontier", evaluation.frontier())]
         step = "" if s.get("step") is None else f" (checkpoint step {s['step']})"
@@ -253,7 +256,8 @@ class ChainReport:
             f"The {s['split']} split, {len(self.problem_ids)} problems; {n} samples per problem at "
             f"T={s['temperature']}, top-p {s['top_p']}, top-k {s['top_k']}; seed {s['seed']}. "
             "Cells: estimate [95 % bootstrap interval over problems]; pass@k is the unbiased "
-            "estimator, graded by exact match of the whole worked solution.",
+            f"estimator (pass@1 is also mean@{n}, the fraction of samples right), graded by "
+            "exact match of the whole worked solution.",
             "",
             *markdown_table(header, [[name, *summary_cells(sm, ks)] for name, sm in named]),
             "",

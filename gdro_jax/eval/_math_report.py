@@ -121,7 +121,7 @@ class MathEvaluation:
         """Markdown tables: per benchmark (and pooled), per bin, with 95 % intervals."""
         k = self.num_samples
         ks = range(1, k + 1)
-        header = ["problems", f"mean@{k}"] + [f"pass@{j}" for j in ks]
+        header = ["problems"] + [f"pass@{j}" for j in ks]  # pass@1 is also mean@k
 
         def row(name: str, summary: PassSummary | None, extra: str = "") -> list[str]:
             cells = summary_cells(summary, ks)
@@ -137,7 +137,7 @@ class MathEvaluation:
             f"{k} samples per problem at T={s['temperature']}, top-p {s['top_p']}, "
             f"top-k {s['top_k']}, up to {s['max_new_tokens']} new tokens; seed {s['seed']}. "
             "Cells: estimate [95 % bootstrap interval over problems]; pass@j is the unbiased "
-            "estimator.",
+            f"estimator (pass@1 is also mean@{k}, the fraction of samples right).",
             "",
             "## Per benchmark",
             "",

@@ -224,12 +224,16 @@ def summary_dict(summary: PassSummary | None, n: int) -> dict[str, Any] | None:
 
 
 def summary_cells(summary: PassSummary | None, ks: Sequence[int]) -> list[str]:
-    """A table row's cells: problems, mean@n and pass@k for each k in `ks`, each as `estimate
-    [low, high]`; "0" and dashes for no summary."""
+    """A table row's cells: problems and pass@k for each k in `ks`, each as `estimate [low,
+    high]`; "0" and dashes for no summary.
+
+    No mean@n cell: the unbiased pass@1 of a problem is `c / n`, its mean@n, and the bootstrap
+    draws the same problems for every column, so the two columns would be equal to the last
+    digit, intervals included (`PassSummary` keeps both; the reports' JSON holds both).
+    """
     if summary is None:
-        return ["0"] + ["-"] * (len(ks) + 1)
-    values = [(summary.mean, summary.mean_interval)]
-    values += [(summary.pass_at[k - 1], summary.pass_interval[k - 1]) for k in ks]
+        return ["0"] + ["-"] * len(ks)
+    values = [(summary.pass_at[k - 1], summary.pass_interval[k - 1]) for k in ks]
     return [str(summary.num_problems)] + [f"{v:.3f} [{i[0]:.3f}, {i[1]:.3f}]" for v, i in values]
 
 

@@ -106,7 +106,8 @@ def test_harness_counts_match_a_direct_reference(fake_evaluation):
 def test_the_table_lists_every_level_and_pooled(fake_evaluation):
     *_, result = fake_evaluation
     lines = result.to_table().splitlines()
-    assert lines[0].split() == ["level", "problems", "mean@8", "pass@1", "pass@8"]
+    # No mean@8 column: it is pass@1 to the last digit (`test_mean_at_n_is_pass_at_1`).
+    assert lines[0].split() == ["level", "problems", "pass@1", "pass@8"]
     assert [line.split()[0] for line in lines[2:]] == ["1", "2", "5", "pooled"]
     assert lines[2].split()[2:4] == ["1.000", "[1.000,"]
     with pytest.raises(ValueError, match="ks"):
@@ -188,7 +189,7 @@ def test_reports_and_completions_are_written(policy, evaluated):
     assert saved["levels"]["1"]["pass@k"]["1"] == 1.0
     markdown = (out / "report.md").read_text()
     assert f"# Chain-task evaluation: {policy}\n" in markdown
-    assert "| level | problems | mean@4 | pass@1 | pass@4 |" in markdown
+    assert "| level | problems | pass@1 | pass@4 |" in markdown
     assert "| frontier | 18 |" in markdown and "(pass@4 < 0.95): 4, 5, 6." in markdown
     at_step = dataclasses.replace(report, settings={**report.settings, "step": 7})
     assert f"# Chain-task evaluation: {policy} (checkpoint step 7)\n" in at_step.to_markdown()

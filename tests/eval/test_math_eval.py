@@ -191,7 +191,7 @@ def test_scores_match_known_completions(tokenizer, benchmarks, grader, tmp_path)
         (result.mean_at_k("alpha") + result.mean_at_k("beta")) / 2, abs=tol
     )
     markdown = (tmp_path / "report.md").read_text()
-    assert "| benchmark | problems | mean@4 | pass@1 | pass@2 | pass@3 | pass@4 |" in markdown
+    assert "| benchmark | problems | pass@1 | pass@2 | pass@3 | pass@4 |" in markdown
     assert "| alpha | 6 |" in markdown and "| pooled | 10 |" in markdown
     assert "| unbinned | 4 |" in markdown
 

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gdro_jax import eval as evaluation
+from gdro_jax.eval._passk import summary_cells
 
 
 def _exact_pass_at_k(n: int, c: int, k: int) -> float:
@@ -78,6 +79,21 @@ def test_mean_at_k_is_the_accuracy():
     c_N = np.arange(9)
     np.testing.assert_allclose(evaluation.mean_at_k(8, c_N, 8), c_N / 8)
     np.testing.assert_allclose(evaluation.mean_at_k(8, c_N, 3), c_N / 8)
+
+
+def test_mean_at_n_is_pass_at_1_intervals_included():
+    """Why the reports' tables print pass@1 and no mean@n column: the two are one figure. By
+    hand: pass@1 = 1 - (n - c) / n = c / n = mean@n per problem, and the bootstrap resamples the
+    same problems for every column, so the intervals agree too."""
+    rng = np.random.default_rng(3)
+    n, groups_N = 8, np.repeat([1, 2], [9, 6])
+    correct_N = rng.integers(0, n + 1, size=len(groups_N))
+    by_group, pooled = evaluation.summarize_counts(correct_N, n, groups_N, num_resamples=300)
+    for summary in [*by_group.values(), pooled]:
+        assert summary.pass_at[0] == pytest.approx(summary.mean, abs=1e-12)
+        np.testing.assert_allclose(summary.pass_interval[0], summary.mean_interval, atol=1e-12)
+    cells = summary_cells(pooled, [1, n])
+    assert len(cells) == 3  # problems, pass@1, pass@8: no duplicate mean@8 cell
 
 
 def test_summarize_counts_matches_direct_reference():
