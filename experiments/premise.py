@@ -7,7 +7,8 @@
 Each profile: a warm-start folder (`experiments/pretrain.py`: its `frontier.json` holds the
 validation evaluation) and a GRPO pilot's workdir (`experiments/train.py`: `metrics.jsonl`, and
 `config.json`, whose task gives the pool's level shares). Prints the markdown table of
-`study.premise_criteria` and writes `OUT/criteria.json` and `OUT/premise.png`.
+`study.premise_criteria` (the per-step criteria pooled and batch by batch) and writes
+`OUT/criteria.json` (with the machine that computed it) and `OUT/premise.png`.
 """
 
 import json
@@ -17,6 +18,7 @@ from absl import flags
 
 from experiments import _cli
 from gdro_jax import configs, study, train
+from gdro_jax.runtime import environment
 
 _PROFILES = flags.DEFINE_list("profiles", None, "Profile names, e.g. cliff,graded.")
 _WARM = flags.DEFINE_list("warm_starts", None, "Each profile's warm-start folder.")
@@ -41,7 +43,8 @@ def main(argv):
     out = pathlib.Path(_OUT.value)
     out.mkdir(parents=True, exist_ok=True)
     records = {name: [c._asdict() for c in cs] for name, cs in criteria.items()}
-    (out / "criteria.json").write_text(json.dumps(records, indent=2) + "\n")
+    record = {"profiles": records, "after_step": _AFTER.value, "environment": environment()}
+    (out / "criteria.json").write_text(json.dumps(record, indent=2) + "\n")
     study.plot_premise(evidence, after_step=_AFTER.value).savefig(out / "premise.png", dpi=80)
     files = {"criteria.json": "each criterion's value and verdict", "premise.png": "the figure"}
     print(_cli.wrote(out, files))

@@ -9,7 +9,8 @@
   primary metric and secondary tables (`collect`, `write_results`, `format_tables`) and figures
   (`draw_figures`; one `plot_*` function each, returning the figure, for notebooks).
 - The adversaries' premise on a task profile (`premise_criteria`: graded bins, groups with signal,
-  graded warm-start levels, the hardest level, the heavy tail; `format_criteria`, `plot_premise`).
+  graded warm-start levels, the hardest level, the heavy tail, pooled over the steps and, with
+  `batches_failing`, batch by batch; `format_criteria`, `plot_premise`).
 - What a run's method decided, read back from its metrics (`decision_summary`: the rivals'
   rollouts per prompt, drawn prompts and kept groups).
 - The statistics of a comparison over seeds (`paired_relative_gain`: a method's gain over GRPO,
@@ -52,6 +53,7 @@ from gdro_jax.study._demo import (
 from gdro_jax.study._premise import (
     Criterion,
     all_equal_share,
+    batches_failing,
     bin_shares,
     format_criteria,
     level_pass_at_1,
@@ -64,7 +66,6 @@ from gdro_jax.study._report import (
     ALONG_FIGURE,
     FIGURES,
     draw_figures,
-    format_tables,
     load_logs,
     plot_allocation,
     plot_along,
@@ -82,6 +83,7 @@ from gdro_jax.study._stats import (
     detectable_gain,
     paired_relative_gain,
 )
+from gdro_jax.study._tables import format_tables
 
 __all__ = [
     "ALONG_FIGURE",
@@ -94,6 +96,7 @@ __all__ = [
     "all_equal_share",
     "apply_overrides",
     "arms_of",
+    "batches_failing",
     "bin_shares",
     "bootstrap_gains",
     "collect",

@@ -15,9 +15,10 @@ import numpy as np
 from gdro_jax.eval import pass_at_k
 from gdro_jax.study._compare import RunSpec, _eval_file, arms_of, log_rows, pending, seeds_of
 from gdro_jax.study._demo import BASELINE, warm_start_frontier
-from gdro_jax.study._premise import all_equal_share, bin_shares
-from gdro_jax.study._report import draw_figures, format_tables
+from gdro_jax.study._premise import all_equal_share, batches_failing, bin_shares
+from gdro_jax.study._report import draw_figures
 from gdro_jax.study._stats import detectable_gain, paired_relative_gain
+from gdro_jax.study._tables import format_tables
 
 # --- Collecting a finished study ------------------------------------------------------------
 
@@ -153,7 +154,7 @@ def collect(
             rows.append(values)
         return np.stack(rows)
 
-    def gain(arm, metric, levels):
+    def gain(arm, metric, levels, num_resamples=config.primary.num_resamples):
         """The paired gain, or None when undefined (no such problems, or a baseline at 0)."""
         if levels is not None and not levels:
             return None
@@ -163,7 +164,7 @@ def collect(
         paired = paired_relative_gain(
             matrix(arm, metric, levels),
             base,
-            num_resamples=config.primary.num_resamples,
+            num_resamples=num_resamples,
             confidence=config.primary.confidence,
             seed=0,
         )
@@ -187,6 +188,16 @@ def collect(
         }
         for arm in others
     }
+    # Each level's gain, for the per-level table's marks (fewer resamples: a mark, not a figure).
+    levels_present = sorted(set(warm.levels.tolist()))
+    level_gains = {
+        arm: {
+            f"L{level} {metric}": _interval_only(gain(arm, metric, [level], MARK_RESAMPLES))
+            for metric in metrics
+            for level in levels_present
+        }
+        for arm in others
+    }
     means = {
         arm: {
             name: float(np.mean([per_seed[arm][str(s)][name] for s in seeds]))
@@ -206,6 +217,8 @@ def collect(
         "primary_declaration": config.primary.to_dict(),
         "primary": primary,
         "secondary": secondary,
+        "level_gains": level_gains,
+        "mark_resamples": MARK_RESAMPLES,
         "mean": means,
         "per_seed": per_seed,
         "warm_start": _figures_of(warm, metrics, frontier),
@@ -223,14 +236,43 @@ def collect(
     training = _training(records)
     if training is not None:
         summary["training"] = training
+    warm_record = json.loads(_eval_file(workdir / BASELINE, split).read_text())
+    summary["environments"] = _environments(records, warm_record)
     return summary
+
+
+# Paired bootstrap resamples behind the per-level and along-the-run tables' marks.
+MARK_RESAMPLES = 2000
+
+
+def _interval_only(g: dict[str, Any] | None) -> dict[str, float] | None:
+    return None if g is None else {name: g[name] for name in ("gain", "low", "high")}
+
+
+def _environments(records: dict[str, dict[int, dict]], warm: dict[str, Any]) -> dict[str, Any]:
+    """Which machine made which file: the distinct `environment` records of the runs' files and
+    the warm start's evaluation, each with the runs it made (`<arm>/seed_<s>`, `warm_start`),
+    and the runs whose files hold none (trained before the files recorded it)."""
+    named = [(f"{arm}/seed_{seed}", r) for arm, runs in records.items() for seed, r in runs.items()]
+    named.append((BASELINE, warm))
+    groups: dict[str, dict[str, Any]] = {}
+    unrecorded = []
+    for name, record in named:
+        if "environment" not in record:
+            unrecorded.append(name)
+            continue
+        key = json.dumps(record["environment"], sort_keys=True)
+        groups.setdefault(key, {"environment": record["environment"], "runs": []})
+        groups[key]["runs"].append(name)
+    return {"recorded": list(groups.values()), "unrecorded": unrecorded}
 
 
 def _training(records: dict[str, dict[int, dict]]) -> dict[str, Any] | None:
     """What each arm did in training, from its runs' decisions and compact logs (after the first
     pass over the pool, the decisions' `after_step`), mean and min-max over seeds: the fraction of
     groups with a non-zero gradient, and the premise's bin occupancy (the largest bin's share of
-    the batch, the middle bins' share) and all-equal share. None for files without them."""
+    the batch, the middle bins' share) and all-equal share, pooled over the steps and batch by
+    batch (`batches_failing`). None for files without them."""
     if not all("decisions" in r and "log" in r for runs in records.values() for r in runs.values()):
         return None
     out: dict[str, Any] = {}
@@ -240,11 +282,17 @@ def _training(records: dict[str, dict[int, dict]]) -> dict[str, Any] | None:
             after = int(record["decisions"]["after_step"])
             rows = log_rows(record["log"])
             shares = bin_shares(rows, after_step=after)
+            failing = batches_failing(rows, after_step=after)
             figures = {
                 "nonzero_gradient_fraction": record["decisions"]["nonzero_gradient_fraction"],
                 "largest_bin_share": float(shares.max()),
                 "middle_bins_share": float(shares[1:-1].sum()),
                 "all_equal_share": all_equal_share(rows, after_step=after),
+                # The same criteria batch by batch: batches that break each on their own.
+                "batches": failing["batches"],
+                "batches_with_a_bin_over_max": failing["bins_max"],
+                "batches_with_middle_under_min": failing["bins_middle"],
+                "batches_all_equal_over_max": failing["all_equal"],
             }
             for name, value in figures.items():
                 values.setdefault(name, []).append(float(value))
@@ -259,8 +307,9 @@ def _training(records: dict[str, dict[int, dict]]) -> dict[str, Any] | None:
 def _along(records: dict[str, dict[int, dict]], config, frontier) -> dict[str, Any] | None:
     """The held-out figures along the runs (`checkpoint.snapshot_steps`), when every run has
     them at the same sampled rollouts: per arm, the seeds' mean frontier and pooled pass@1 at
-    each point, and the rollouts it first took to reach the baseline's final frontier pass@1
-    (None: never)."""
+    each point, the rollouts it first took to reach the baseline's final frontier pass@1 (None:
+    never), and (other arms) its frontier pass@1 gain over the baseline at each point, paired by
+    seed and problem, with its interval (`MARK_RESAMPLES` resamples)."""
     records = {arm: list(runs.values()) for arm, runs in records.items()}
     if not all("along" in r for runs in records.values() for r in runs):
         return None
@@ -288,6 +337,29 @@ def _along(records: dict[str, dict[int, dict]], config, frontier) -> dict[str, A
             r for r, v in zip(rollouts, curve["frontier pass@1"], strict=True) if v >= target
         ]
         curve["rollouts_to_baseline_final"] = reached[0] if reached else None
+
+    def frontier_pass1(arm: str, point: int) -> np.ndarray:
+        """[seeds, frontier problems] pass@1 after the `point`-th held-out evaluation."""
+        rows = []
+        for record in records[arm]:
+            result = _evaluated(record["along"][point], 0.0)
+            rows.append(_per_problem(result, "pass@1")[np.isin(result.levels, frontier)])
+        return np.stack(rows)
+
+    for arm, curve in curves.items():
+        if arm == config.baseline or not frontier:
+            continue
+        gains = []
+        for point in range(len(rollouts)):
+            base = frontier_pass1(config.baseline, point)
+            paired = None
+            if base.mean() > 0:
+                paired = paired_relative_gain(
+                    frontier_pass1(arm, point), base, num_resamples=MARK_RESAMPLES,
+                    confidence=config.primary.confidence, seed=0,
+                )  # fmt: skip
+            gains.append(None if paired is None else _interval_only(paired._asdict()))
+        curve["frontier pass@1 gain"] = gains
     return {"sampled_rollouts": list(rollouts), "arms": curves}
 
 

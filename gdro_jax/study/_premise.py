@@ -10,6 +10,10 @@ Five criteria (issue 16), each computed from what a profile's runs leave behind:
 4. `hardest_level`: the hardest level's warm-start pass@1 lies in (0, 0.05).
 5. `heavy_tail`: the pool's level shares fall with the level (SPEC 11).
 
+Criteria 1 and 2 are declared on counts pooled over the steps; each is also reported batch by
+batch (`batches_failing`: how many of the counted steps' batches, on their own, break the rule),
+since a pooled share within the limit can hide many batches beyond it.
+
 Pilot rows are `metrics.jsonl` rows, whose `step` is 1-based (row `s` is the `s`-th update). With a
 pool of `D` prompts and `N` per step, the first pass fills rows 1..D/N, whose prompts are all
 unseen; `after_step=30` counts rows 31 onwards (0-based step index >= 30), the first whose bins
@@ -43,6 +47,8 @@ class Criterion(NamedTuple):
     value: float  # the measured value
     threshold: str  # the rule, e.g. "<= 0.6"
     holds: bool
+    # For the per-step criteria: (batches that break the rule on their own, batches counted).
+    batches_failing: tuple[int, int] | None = None
 
 
 def problem_success(evaluation: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -89,6 +95,23 @@ def all_equal_share(rows: Sequence[Mapping[str, Any]], *, after_step: int = 30) 
     return float(np.mean([1.0 - float(row["nonzero_advantage_fraction"]) for row in kept]))
 
 
+def batches_failing(rows: Sequence[Mapping[str, Any]], *, after_step: int = 30) -> dict[str, int]:
+    """Criteria 1 and 2 batch by batch over rows with step > after_step: how many batches have
+    one bin above `MAX_BIN_SHARE` of their prompts (`bins_max`), their middle bins below
+    `MIN_MIDDLE_SHARE` (`bins_middle`), more than `MAX_ALL_EQUAL` of their groups all-equal
+    (`all_equal`), and how many were counted (`batches`)."""
+    kept = _rows_after(rows, after_step)
+    prompts_SB = np.asarray([row["bin/prompts"] for row in kept], np.float64)
+    shares_SB = prompts_SB / np.maximum(prompts_SB.sum(axis=1, keepdims=True), 1.0)
+    all_equal_S = 1.0 - np.asarray([float(row["nonzero_advantage_fraction"]) for row in kept])
+    return {
+        "bins_max": int((shares_SB.max(axis=1) > MAX_BIN_SHARE).sum()),
+        "bins_middle": int((shares_SB[:, 1:-1].sum(axis=1) < MIN_MIDDLE_SHARE).sum()),
+        "all_equal": int((all_equal_S > MAX_ALL_EQUAL).sum()),
+        "batches": len(kept),
+    }
+
+
 def pool_level_shares(task: tasks.ChainTaskConfig) -> np.ndarray:
     """float64[L] the pool's realised share of each level (its exact counts over the pool size)."""
     return task.pool_level_counts() / task.pool_size
@@ -111,9 +134,12 @@ def premise_criteria(
 
     Returns:
       `[bins_max, bins_middle, all_equal, graded_levels, hardest_level, heavy_tail]`: criterion 1
-      is two records (the largest bin's share and the middle bins' share).
+      is two records (the largest bin's share and the middle bins' share). The first three are
+      measured on counts pooled over the steps, as declared, and carry `batches_failing`.
     """
     shares_B = bin_shares(rows, after_step=after_step)
+    failing = batches_failing(rows, after_step=after_step)
+    per_batch = {name: (failing[name], failing["batches"]) for name in failing}
     middle = float(shares_B[1:-1].sum())
     all_equal = all_equal_share(rows, after_step=after_step)
     pass1 = level_pass_at_1(evaluation)
@@ -128,9 +154,22 @@ def premise_criteria(
             float(shares_B.max()),
             f"<= {MAX_BIN_SHARE}",
             bool(shares_B.max() <= MAX_BIN_SHARE),
+            per_batch["bins_max"],
         ),
-        Criterion("bins_middle", middle, f">= {MIN_MIDDLE_SHARE}", middle >= MIN_MIDDLE_SHARE),
-        Criterion("all_equal", all_equal, f"<= {MAX_ALL_EQUAL}", all_equal <= MAX_ALL_EQUAL),
+        Criterion(
+            "bins_middle",
+            middle,
+            f">= {MIN_MIDDLE_SHARE}",
+            middle >= MIN_MIDDLE_SHARE,
+            per_batch["bins_middle"],
+        ),
+        Criterion(
+            "all_equal",
+            all_equal,
+            f"<= {MAX_ALL_EQUAL}",
+            all_equal <= MAX_ALL_EQUAL,
+            per_batch["all_equal"],
+        ),
         Criterion(
             "graded_levels",
             float(graded),
@@ -153,7 +192,8 @@ def premise_criteria(
 
 
 def format_criteria(criteria: Mapping[str, Sequence[Criterion]]) -> str:
-    """A markdown table: one row per criterion, one `value (holds)` column per profile.
+    """A markdown table: one row per criterion, one `value (holds)` column per profile; the
+    per-step criteria add `; F of N batches fail` (each batch on its own).
 
     Args:
       criteria: profile name -> its `premise_criteria` (same criteria, same order, for all).
@@ -168,10 +208,13 @@ def format_criteria(criteria: Mapping[str, Sequence[Criterion]]) -> str:
         "|---|---|" + "---|" * len(names),
     ]
     for i, record in enumerate(first):
-        cells = [
-            f"{c[i].value:.3f} ({'holds' if c[i].holds else 'fails'})"
-            for c in (criteria[n] for n in names)
-        ]
+        cells = []
+        for measured in (criteria[n][i] for n in names):
+            verdict = "holds" if measured.holds else "fails"
+            if measured.batches_failing is not None:
+                failing, counted = measured.batches_failing
+                verdict += f"; {failing} of {counted} batches fail"
+            cells.append(f"{measured.value:.3f} ({verdict})")
         lines.append(f"| {record.name} | {record.threshold} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

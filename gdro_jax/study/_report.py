@@ -1,4 +1,4 @@
-"""Tables and figures of a finished comparison study (`collect`'s summary and the runs' logs).
+"""Figures of a finished comparison study (`collect`'s summary and the runs' logs).
 
 The figures show why a method does or does not help, from the metrics every run logs per step
 (SPEC 10), averaged over seeds (bands: min-max over seeds):
@@ -12,15 +12,12 @@ The figures show why a method does or does not help, from the metrics every run 
     tokens.png             training accuracy against cumulative sampled tokens (token-matched)
     heldout.png            held-out pass@k per level, and the primary gains with intervals
 
-Over 400 lines on purpose: every figure and table is a short function over the same `collect`
-summary and logs, sharing the bands, smoothing and interval formats, so the report reads in one
-file; the tables (`format_tables`) are the part to split off should it grow.
+The tables of the same summary are `_tables.format_tables`.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import pathlib
 
 import numpy as np
@@ -320,130 +317,3 @@ def draw_figures(summary: dict, workdir: str | pathlib.Path, out: str | pathlib.
         fig.savefig(out / name, dpi=120)
         paths.append(out / name)
     return paths
-
-
-def _pct(value: float) -> str:
-    return "n/a" if value is None or not math.isfinite(value) else f"{100 * value:+.1f} %"
-
-
-def _interval(g: dict | None) -> str:
-    if g is None:
-        return "n/a"
-    return f"{_pct(g['gain'])} [{_pct(g['low'])}, {_pct(g['high'])}]"
-
-
-def _headline(summary: dict, primary_name: str, level: int) -> list[str]:
-    """One row per arm: the primary gain with its interval and power, the pooled pass@1 gain,
-    the groups with a non-zero gradient (after the first pass over the pool), the tokens and the
-    rollouts to the baseline's final frontier pass@1."""
-    base = summary["baseline"]
-    training = summary["training"]
-    along = summary.get("along", {}).get("arms", {})
-    after = training[base]["after_step"]
-    lines = [
-        f"| arm | {primary_name} gain over {base} [{level} %] | detectable "
-        f"| pooled pass@1 gain [{level} %] | groups with a non-zero gradient (steps > {after}) "
-        f"| sampled tokens vs {base} | rollouts to {base}'s final frontier pass@1 |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for arm in summary["arms"]:
-        nonzero = training[arm]["nonzero_gradient_fraction"]["mean"]
-        tokens = _pct(summary["token_ratio"][arm] - 1.0)
-        reached = along.get(arm, {}).get("rollouts_to_baseline_final", "n/a")
-        reached = "not reached" if reached is None else str(reached)
-        if arm == base:
-            cells = ["(baseline)", "", "", f"{nonzero:.3f}", tokens, reached]
-        else:
-            g = summary["primary"].get(arm)
-            cells = [
-                _interval(g),
-                "n/a" if g is None else _pct(g["detectable_gain"]),
-                _interval(summary["secondary"][arm].get("pooled pass@1")),
-                f"{nonzero:.3f}",
-                tokens,
-                reached,
-            ]
-        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
-    return lines
-
-
-def format_tables(summary: dict) -> str:
-    """Markdown: the primary table with intervals and power, per-seed figures, per-level means,
-    secondary gains and token costs."""
-    k = summary["frontier_k"]
-    declared = summary["primary_declaration"]
-    metric = declared["metric"]
-    scope = "frontier" if declared["levels"] == "frontier" else "pooled"
-    primary_name = f"{scope} {metric}"
-    base = summary["baseline"]
-    frontier = ", ".join(f"L{lv}" for lv in summary["frontier_levels"]) or "none"
-    seeds = summary["seeds"]
-    level = int(round(100 * declared["confidence"]))
-    where = (
-        f"the frontier levels ({frontier}: the warm start's validation pass@{k} below 0.95)"
-        if scope == "frontier"
-        else "all levels"
-    )
-    lines = []
-    if "training" in summary:
-        lines += [*_headline(summary, primary_name, level), ""]
-    lines += [
-        f"Primary metric: relative {metric} gain over `{base}` on {where}, paired by seed, "
-        f"paired bootstrap {level} % interval; {len(seeds)} seeds, "
-        f"{summary['problems']['frontier']} frontier problems of {summary['problems']['total']} "
-        f"on the {summary['split']} split.",
-        "",
-        f"| arm | {primary_name} (mean over seeds) | gain over {base} | {level} % interval "
-        f"| detectable gain (80 % power) | sampled tokens vs {base} |",
-        "|---|---|---|---|---|---|",
-    ]
-    for arm in summary["arms"]:
-        mean = summary["mean"][arm][primary_name]
-        tokens = _pct(summary["token_ratio"][arm] - 1.0)
-        g = summary["primary"].get(arm)
-        if arm == base:
-            lines.append(f"| {arm} | {mean:.3f} | (baseline) | | | {tokens} |")
-        elif g is None:
-            lines.append(f"| {arm} | {mean:.3f} | n/a (baseline at 0) | | | {tokens} |")
-        else:
-            lines.append(
-                f"| {arm} | {mean:.3f} | {_pct(g['gain'])} "
-                f"| [{_pct(g['low'])}, {_pct(g['high'])}] "
-                f"| {_pct(g['detectable_gain'])} | {tokens} |"
-            )
-    warm = summary["warm_start"][primary_name]
-    lines += ["", f"Warm start: {primary_name} {warm:.3f}.", "", "Per seed:", ""]
-    lines.append("| arm | " + " | ".join(f"seed {s}" for s in seeds) + " |")
-    lines.append("|---|" + "---|" * len(seeds))
-    for arm in summary["arms"]:
-        cells = [f"{summary['per_seed'][arm][str(s)][primary_name]:.3f}" for s in seeds]
-        lines.append(f"| {arm} ({primary_name}) | " + " | ".join(cells) + " |")
-    names = [n for n in summary["warm_start"] if n.startswith(("L", "pooled", "frontier"))]
-    lines += ["", "Per level, mean over seeds (pass@1 is also mean@n, the fraction right):", ""]
-    lines.append("| | warm start | " + " | ".join(summary["arms"]) + " |")
-    lines.append("|---|---|" + "---|" * len(summary["arms"]))
-    for name in names:
-        cells = [f"{summary['mean'][arm][name]:.3f}" for arm in summary["arms"]]
-        lines.append(f"| {name} | {summary['warm_start'][name]:.3f} | " + " | ".join(cells) + " |")
-    if "along" in summary:
-        along = summary["along"]
-        lines += [
-            "",
-            "Along the runs, mean over seeds (frontier pass@1 at equal sampled rollouts):",
-        ]
-        lines += ["", "| arm | " + " | ".join(str(r) for r in along["sampled_rollouts"])]
-        lines[-1] += " | rollouts to the baseline's final |"
-        lines.append("|---|" + "---|" * (len(along["sampled_rollouts"]) + 1))
-        for arm, curve in along["arms"].items():
-            cells = [f"{v:.3f}" for v in curve["frontier pass@1"]]
-            reached = curve["rollouts_to_baseline_final"]
-            cells.append("not reached" if reached is None else str(reached))
-            lines.append(f"| {arm} | " + " | ".join(cells) + " |")
-    lines += ["", f"Secondary gains over `{base}` (paired bootstrap {level} % intervals):", ""]
-    for arm, gains in summary["secondary"].items():
-        for name, g in gains.items():
-            shown = (
-                "n/a" if g is None else (f"{_pct(g['gain'])} [{_pct(g['low'])}, {_pct(g['high'])}]")
-            )
-            lines.append(f"- {arm}, {name}: {shown}")
-    return "\n".join(lines)

@@ -35,7 +35,7 @@ from gdro_jax.study._compare import (
     run_specs,
     sync_store,
 )
-from gdro_jax.study._report import format_tables
+from gdro_jax.study._tables import format_tables
 
 STORE = "runs"  # the store's folder under the results folder
 

@@ -599,3 +599,73 @@ def test_what_each_arm_did_in_training_by_hand(tmp_path):
     assert "groups with a non-zero gradient (steps > 1)" in header
     row = next(line for line in tables.splitlines() if line.startswith("| gdro_both | "))
     assert "| 0.700 |" in row and "+100.0 %" in row  # tokens: twice GRPO's
+    # Batch by batch (steps 2-3, 4 prompts each): seed 0 [3, 1, 0] has a bin above 60 %, [1, 1, 2]
+    # none; seed 1 [4, 0, 0] and [0, 4, 0] both. Middle bin under 25 %: seed 1's [4, 0, 0] only.
+    assert both["batches_with_a_bin_over_max"] == pytest.approx({"mean": 1.5, "min": 1, "max": 2})
+    assert both["batches_with_middle_under_min"] == pytest.approx({"mean": 0.5, "min": 0, "max": 1})
+    assert both["batches"]["mean"] == 2
+
+
+def test_the_per_level_and_along_tables_mark_only_what_lies_beyond_noise(tmp_path):
+    """Cells where every seed and problem moves the same way against GRPO are marked (+) or (-)
+    (every bootstrap resample gives the same gain, so the interval is that point); a level ahead
+    on one problem and behind on the other is not, whatever its mean. Planted: per-level marks
+    from the pooled gain, and marks from the gain's sign alone (both seen failing)."""
+    config = _fabricated_study(tmp_path)
+    # Level 1 ahead on one problem, behind on the other; level 2 better (3 of 4 right against
+    # 1) and level 3 worse on every problem, in both seeds.
+    correct = {"grpo": [2, 1, 1, 1, 3, 3], "gdro_both": [4, 0, 3, 3, 1, 1]}
+    along = {
+        "grpo": [[2, 2, 1, 1, 3, 3]] * 2,
+        "gdro_both": [[2, 2, 1, 1, 3, 3], correct["gdro_both"]],
+    }
+    for arm, counts in correct.items():
+        for seed in (0, 1):
+            path = tmp_path / arm / f"seed_{seed}" / "eval_test.json"
+            record = json.loads(path.read_text())
+            record["evaluation"]["correct"] = counts
+            record["along"] = [
+                {"step": 1 + i, "sampled_rollouts": 16 * (1 + i), "sampled_tokens": 0.0,
+                 "evaluation": {**record["evaluation"], "correct": point}}
+                for i, point in enumerate(along[arm])
+            ]  # fmt: skip
+            path.write_text(json.dumps(record))
+    summary = study.collect(config, tmp_path, check_stamps=False)
+    gains = summary["level_gains"]["gdro_both"]
+    # pass@1 by hand: level 2 3/4 against 1/4 (gain +200 %), level 3 1/4 against 3/4 (-66.7 %).
+    assert gains["L2 pass@1"] == pytest.approx({"gain": 2.0, "low": 2.0, "high": 2.0})
+    assert gains["L3 pass@1"] == pytest.approx({"gain": -2 / 3, "low": -2 / 3, "high": -2 / 3})
+    # Level 1: 4/8 against 3/8 (+33 %), but a resample of its first problem twice gives +100 %,
+    # of its second twice -100 %: within noise.
+    assert gains["L1 pass@1"]["gain"] == pytest.approx(1 / 3)
+    assert gains["L1 pass@1"]["low"] < 0 < gains["L1 pass@1"]["high"]
+    rows = {line.split(" | ")[0]: line for line in study.format_tables(summary).splitlines()}
+    assert rows["| L2 pass@1"].endswith("| 0.750 (+) |")
+    assert rows["| L3 pass@1"].endswith("| 0.250 (-) |")
+    assert rows["| L1 pass@1"].endswith("| 0.500 |")
+    # Along the runs: equal at the first point (no mark), then the final figures' frontier gain.
+    curve = summary["along"]["arms"]["gdro_both"]["frontier pass@1 gain"]
+    assert curve[0] == pytest.approx({"gain": 0.0, "low": 0.0, "high": 0.0})
+    assert curve[1]["gain"] == pytest.approx((3 + 1) / (1 + 3) - 1)  # frontier levels 2-3: 0
+    assert rows["| gdro_both"].split(" | ")[1:3] == ["0.500", "0.500"]
+    assert "unmarked: within noise" in study.format_tables(summary)
+
+
+def test_the_summary_names_the_machines_that_made_its_files(tmp_path):
+    config = _fabricated_study(tmp_path)
+    machine = {"cpu": {"model": "Some CPU", "vector_extensions": ["avx2", "fma", "sse2"]},
+               "backend": "cpu", "devices": {"kind": "cpu"},
+               "packages": {"jax": "9.9", "jaxlib": "9.9"}}  # fmt: skip
+    for arm in ("grpo", "gdro_both"):
+        path = tmp_path / arm / "seed_0" / "eval_test.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "environment": machine}))
+    summary = study.collect(config, tmp_path, check_stamps=False)
+    recorded, unrecorded = (
+        summary["environments"]["recorded"],
+        summary["environments"]["unrecorded"],
+    )
+    assert recorded == [{"environment": machine, "runs": ["grpo/seed_0", "gdro_both/seed_0"]}]
+    assert unrecorded == ["grpo/seed_1", "gdro_both/seed_1", "warm_start"]
+    last = study.format_tables(summary).splitlines()[-1]
+    assert "2 on Some CPU (avx2; cpu cpu, jax 9.9, jaxlib 9.9)" in last
+    assert "3 with no record of their machine" in last

@@ -117,7 +117,37 @@ def test_the_table_has_one_row_per_criterion_and_one_column_per_profile():
     lines = table.splitlines()
     assert len(lines) == 2 + len(criteria)
     assert lines[0] == "| criterion | threshold | a | b |"
-    assert "| all_equal | <= 0.6 | 0.600 (holds) | 0.600 (holds) |" in lines
+    # Steps 31-32 pooled hold at 0.600; step 32 alone has 0.7 of its groups all-equal.
+    shown = "0.600 (holds; 1 of 2 batches fail)"
+    assert f"| all_equal | <= 0.6 | {shown} | {shown} |" in lines
+
+
+# Pooled over steps 31-32 the bins hold ([4, 2, 2, 0, 8] / 16: largest 0.5, middle 0.25), while
+# step 31 alone has all its prompts in bin 4 (share 1.0, no middle bin).
+SPLIT_ROWS = [
+    _row(30, [8, 0, 0, 0, 0], 0.0),
+    _row(31, [0, 0, 0, 0, 8], 0.2),
+    _row(32, [4, 2, 2, 0, 0], 0.6),
+]
+
+
+def test_the_pooled_bin_criteria_are_also_counted_batch_by_batch():
+    criteria = _by_name(study.premise_criteria(EVALUATION, SPLIT_ROWS, FALLING))
+    assert criteria["bins_max"].value == pytest.approx(0.5, abs=1e-12)
+    assert criteria["bins_max"].holds
+    assert criteria["bins_max"].batches_failing == (1, 2)  # step 31: 8 of 8 prompts in one bin
+    assert criteria["bins_middle"].holds  # 4 / 16 >= 0.25
+    assert criteria["bins_middle"].batches_failing == (1, 2)  # step 31: 0 in the middle bins
+    # All-equal 0.8 and 0.4: the mean 0.6 holds, step 31 alone fails.
+    assert criteria["all_equal"].batches_failing == (1, 2)
+    # Criteria measured once, not per step, carry no batch count.
+    assert criteria["graded_levels"].batches_failing is None
+    assert study.batches_failing(SPLIT_ROWS, after_step=29) == {
+        "bins_max": 2,  # step 30: all 8 prompts in bin 0
+        "bins_middle": 2,
+        "all_equal": 2,  # step 30: every group all-equal
+        "batches": 3,
+    }
 
 
 def test_the_figure_has_two_panels_per_profile():
