@@ -10,9 +10,15 @@ sequences with at least one valid token:
 `token_mean` weighs every token equally, so long responses count more; `seq_mean_token_mean`
 weighs every response equally, which biases towards short correct and long wrong answers;
 `seq_mean_token_sum_norm` divides by a constant `L_max` (the maximum response length), which
-removes that length bias. Deviation, shared by the sequence modes: the mean over sequences skips
-fully masked slots (padding), where the references average over every row of the batch; with no
-masked slot the two agree. An all-masked batch aggregates to 0.
+removes that length bias. The mean over sequences skips fully masked slots (padding), as the
+references do today: verl's `agg_loss` (`seq-mean-token-mean`, `seq-mean-token-sum`: "exclude
+fully masked sequences", counted in its default denominator) and Tunix's `aggregate_loss`
+(`sequence-mean-token-mean` and `sequence-mean-token-scale` count the non-empty rows); with no
+masked slot every row counts. Two differences remain: verl divides by its `global_batch_size`
+instead where one is passed (its new worker path passes the mini-batch's row count), and its
+`seq-mean-token-sum-norm` divides the summed loss by the constant alone, with no mean over
+sequences (|S| times ours). Checked against verl b178a3c (2026-01-29) and Tunix c7d8950. An
+all-masked batch aggregates to 0.
 
 Gradient accumulation: every aggregation is a sum over tokens or sequences divided by a count of
 the whole batch (`sum_it m_it`, `|S|`). `aggregation_normalizer` computes those counts once for a
