@@ -142,11 +142,13 @@ runpy.run_module("experiments.train", run_name="__main__", alter_sys=True)
 def test_a_second_training_run_loads_its_step_from_the_cache(tmp_path):
     """Two 2-step runs of one config in two processes: the first keeps the step's programs in
     the cache folder, the second finds every one there (jax's hit count), writes none, and
-    trains to the same metrics. Planted: the entry points not turning the cache on (no entries
-    in the folder)."""
+    trains to the same metrics. Every program is kept, whatever its compile time: with jax's
+    1 s threshold, one that compiles in about a second may be kept by one run and not the
+    other. Planted: the entry points not turning the cache on (no entries in the folder)."""
     cache = tmp_path / "cache"
     env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
     env.update(JAX_PLATFORMS="cpu", GDRO_COMPILATION_CACHE=str(cache))
+    env.update(JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
     runs, entries = [], []
     for name in ("first", "second"):
         completed = subprocess.run(
@@ -164,7 +166,7 @@ def test_a_second_training_run_loads_its_step_from_the_cache(tmp_path):
         entries.append(tree(cache))
     kept = [Path(name).name.split("-")[0] for name in entries[0] if name.endswith("-cache")]
     assert {"jit_rollout", "jit_update"} <= set(kept), kept
-    assert runs[0] == 0 and runs[1] == len(kept)
+    assert runs[0] == 0 and runs[1] >= len(kept)  # a program met twice in a run: two hits
     assert entries[1] == entries[0]
     rows = [
         (tmp_path / name / "metrics.jsonl").read_text().splitlines() for name in ("first", "second")
