@@ -1,6 +1,8 @@
-"""The KV-cache sampler: one jitted `lax.while_loop` that draws up to `max_new_tokens` tokens for
-every slot of a batch, with temperature / top-k / top-p or greedy decoding, a set of stop ids,
-per-sequence stopping and an early exit once every sequence has stopped.
+"""The KV-cache sampler's static loop, and the parts both loops share (the token draw, the prompt
+layout, the weights' and caches' placement): one jitted `lax.while_loop` per chunk of slots that
+draws up to `max_new_tokens` tokens for every slot, with temperature / top-k / top-p or greedy
+decoding, a set of stop ids, per-sequence stopping and an early exit once every sequence has
+stopped. `_continuous` is the other loop: decode slots that take the next request as they free up.
 
 Layout. Prompts are left-aligned internally: slot r's prompt occupies cache slots
 `P - len_r .. P-1` of a cache of `S = P + max_new_tokens` slots, so every decode step writes the
