@@ -9,8 +9,11 @@ Measured with this config (validation, eval seed 0; re-measured 2026-12-01 with 
 trainer and sampler): pass@1 from 0.94 at level 1 down to 0.49 at level 7 and 0.008 at level 8,
 where pass@8 is 0.062 (this file's earlier measurement gave 0.043 and 0.16; the model,
 sampler and evaluation code have changed since, and the cause was not traced). Training took
-224 s wall (403 s CPU) on 2 cores. With 280 steps level 8 reaches pass@1 0.066 and pass@8 0.375
-(SPEC 11's frontier narrowly missed), with 320 steps 0.289 and 0.688 (RESULTS.md).
+224 s wall (403 s CPU) on 2 cores. Measured again for issue 38 (`make demo`, eval seed 0):
+level 1 0.840, level 8 0.027 with pass@8 0.062, training 442 s CPU (776 s wall on a machine
+shared with other work); the difference from the figures above was not traced. With 280 steps
+level 8 reaches pass@1 0.066 and pass@8 0.375 (SPEC 11's frontier narrowly missed), with 320
+steps 0.289 and 0.688 (RESULTS.md).
 
 The frontier moves in jumps with steps, tail and batch order. With 220 steps and 2^-level it
 only just passed (level 1 0.84, level 8 0.008). With 240 steps and 2^-level, level 8 was 0.

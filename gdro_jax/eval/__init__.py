@@ -13,13 +13,14 @@ from gdro_jax.eval._chain import (
     ChainReport,
     evaluate_chain,
 )
-from gdro_jax.eval._harness import SAMPLING_FLAGS, EvalSettings
+from gdro_jax.eval._harness import CHAIN_FIELDS, SAMPLING_FLAGS, EvalSettings
 from gdro_jax.eval._math import evaluate_math, load_bins
 from gdro_jax.eval._math_report import MathEvaluation
 from gdro_jax.eval._passk import PassSummary, mean_at_k, pass_at_k, summarize_counts
 from gdro_jax.eval._policy import DTYPES, Policy, evaluate_policy, open_policy, resolve_dtype
 
 __all__ = [
+    "CHAIN_FIELDS",
     "DTYPES",
     "FRONTIER_K",
     "FRONTIER_PASS",

@@ -1,7 +1,10 @@
 """Studies that compare the methods.
 
 - `run_demo`: the miniature study of `make demo` (warm start, equal-compute RL per method, a
-  held-out table with the frontier levels, plots).
+  held-out table with the frontier levels and intervals, plots; `plan_line` says first what will
+  run). Each policy's evaluation (`demo_evaluation`: the chain task's default settings, those of
+  `experiments.evaluate`) is kept and reused while the policy and settings are unchanged
+  (`cached_evaluation`, `evaluation_key`, `policy_fingerprint`); `format_comparison`.
 - The comparison study of `make study` (`experiments/compare.py`, `run_study`): arms x seeds
   from one warm start (`run_specs`, `run_config`, `run_one`), each finished run kept as one small
   file in the results' store (`sync_store`, `compact_log`, `log_rows`, `weights_fingerprint`),
@@ -44,11 +47,14 @@ from gdro_jax.study._compare import (
     weights_fingerprint,
 )
 from gdro_jax.study._decisions import decision_summary
-from gdro_jax.study._demo import (
+from gdro_jax.study._demo import format_counts, plan_line, run_demo, warm_start_frontier
+from gdro_jax.study._heldout import (
+    cached_evaluation,
+    demo_evaluation,
+    evaluation_key,
     format_comparison,
     frontier_pass_at,
-    run_demo,
-    warm_start_frontier,
+    policy_fingerprint,
 )
 from gdro_jax.study._premise import (
     Criterion,
@@ -99,12 +105,16 @@ __all__ = [
     "batches_failing",
     "bin_shares",
     "bootstrap_gains",
+    "cached_evaluation",
     "collect",
     "compact_log",
     "decision_summary",
+    "demo_evaluation",
     "detectable_gain",
     "draw_figures",
+    "evaluation_key",
     "format_comparison",
+    "format_counts",
     "format_criteria",
     "format_tables",
     "frontier_pass_at",
@@ -115,6 +125,7 @@ __all__ = [
     "paired_relative_gain",
     "parse_overrides",
     "pending",
+    "plan_line",
     "plot_allocation",
     "plot_along",
     "plot_heldout",
@@ -124,6 +135,7 @@ __all__ = [
     "plot_standard_error",
     "plot_tokens",
     "plot_zero_advantage",
+    "policy_fingerprint",
     "pool_level_shares",
     "premise_criteria",
     "prepare_warm_start",

@@ -2,10 +2,12 @@
 
     warm start (reused when its config is unchanged) -> for each method: RL run from the warm
     start with the same steps, prompts per step, rollouts per step and max new tokens -> held-out
-    evaluation (unbiased pass@k per level and pooled, bootstrap intervals) -> table and plots.
+    evaluation (unbiased pass@k per level and pooled, bootstrap intervals; reused while the
+    policy and the settings are unchanged) -> table and plots.
 
 Everything lands in the work directory: `warm_start/`, one folder per method (metrics.jsonl,
-TensorBoard events, eval.json), `table.txt`, `results.json` and the PNG plots.
+TensorBoard events, eval.json), `table.txt`, `results.json` and the PNG plots. The console says
+first what will run and about how long (`plan_line`), and last where the figures went.
 """
 
 from __future__ import annotations
@@ -23,11 +25,59 @@ from matplotlib.figure import Figure
 
 from gdro_jax import configs, controllers, models, plots, tasks
 from gdro_jax import eval as evaluation
-from gdro_jax.eval import evaluate_chain, pass_at_k
+from gdro_jax.runtime import environment
+from gdro_jax.study._heldout import cached_evaluation, format_comparison
 from gdro_jax.train import read_metrics, train
-from gdro_jax.warmstart import FRONTIER_FILE, pretrain
+from gdro_jax.warmstart import CONFIG_FILE, FRONTIER_FILE, config_hash, pretrain
 
 BASELINE = "warm_start"
+# The pace `plan_line` estimates with: `make demo`'s default run on a 2-core CPU shared with
+# other work (19 min 55 s in all; docs/studies.md): seconds per warm-start step (its validation
+# evaluation included; 804 s for 240), per RL step (the four methods' mean step, 0.94-1.64 s),
+# to start an RL run (building and compiling it: 23-37 s), and per sampled test completion
+# (11-29 s for 800 problems x 8).
+PACE = {"warm_start_step": 3.35, "rl_step": 1.2, "rl_start": 32.0, "eval_sample": 0.0032}
+
+
+def plan_line(config: ml_collections.ConfigDict, workdir: pathlib.Path, methods: list[str]) -> str:
+    """What `run_demo` will run and about how long it takes (at `PACE`), skipping what the work
+    directory already holds: a warm start of the same config, runs that reached their steps."""
+    stored = workdir / BASELINE / CONFIG_FILE
+    warm_reused = stored.exists() and (
+        json.loads(stored.read_text()).get("config_hash") == config_hash(config.pretrain)
+    )
+    steps = config.train.steps
+    to_train = [m for m in methods if _finished_steps(workdir / m) != steps]
+    problems = len(tasks.build_splits(configs.chain_task_config(config.train)).test)
+    policies = len(to_train) + (0 if warm_reused else 1)  # the others' evaluations are kept
+    seconds = 0 if warm_reused else PACE["warm_start_step"] * config.pretrain.train.steps
+    seconds += len(to_train) * (PACE["rl_start"] + PACE["rl_step"] * steps)
+    seconds += policies * PACE["eval_sample"] * problems * config.eval.num_samples
+    warm = (
+        "the warm start (reused)"
+        if warm_reused
+        else f"the warm start ({config.pretrain.train.steps} supervised steps)"
+    )
+    trained = ", ".join(to_train) if to_train else "none (all finished)"
+    return (
+        f"demo: {warm}; RL runs of {steps} steps ({config.train.num_prompts} prompts x "
+        f"{config.train.n_mean} rollouts) for {trained}; then the held-out test split "
+        f"({problems} problems x {config.eval.num_samples} samples) for every policy not "
+        f"evaluated yet. About {max(1, round(seconds / 60))} min at the pace measured on a "
+        "shared 2-core CPU."
+    )
+
+
+def _finished_steps(folder: pathlib.Path) -> int | None:
+    try:
+        return json.loads((folder / "summary.json").read_text()).get("completed_steps")
+    except (OSError, ValueError):
+        return None
+
+
+def format_counts(counts: dict[str, float], unit: str = "") -> str:
+    """`name 63,740, name 64,012` (a dict printed for a person)."""
+    return ", ".join(f"{name} {value:,.0f}{unit}" for name, value in counts.items())
 
 
 def warm_start_frontier(warm_start_dir: str | pathlib.Path) -> tuple[list[int], int]:
@@ -41,54 +91,6 @@ def warm_start_frontier(warm_start_dir: str | pathlib.Path) -> tuple[list[int], 
         if summary["pass@k"][str(k)] < evaluation.FRONTIER_PASS
     )
     return levels, k
-
-
-def frontier_pass_at(result: evaluation.ChainEvaluation, k: int, levels: list[int]) -> float:
-    """Unbiased pass@k pooled over the problems of `levels` (NaN when there are none)."""
-    chosen = np.isin(result.levels, levels)
-    if not chosen.any():
-        return float("nan")
-    return float(np.mean(pass_at_k(result.num_samples, result.correct[chosen], k)))
-
-
-def format_comparison(
-    results: dict[str, evaluation.ChainEvaluation],
-    ks=(1, 8),
-    frontier_levels: list[int] | None = None,
-    frontier_k: int = evaluation.FRONTIER_K,
-) -> str:
-    """One table per k (`pass@k`), each with a column per method and a row per level, `pooled`
-    and (given `frontier_levels`) `frontier`, pooled over those levels only. One metric per table
-    keeps it narrow (five methods fit 80 columns). The pooled figure is mostly the easy levels at
-    their ceiling: the frontier row is where methods can differ."""
-    methods = list(results)
-    levels = list(next(iter(results.values())).by_level)
-    width = max(9, *(len(m) + 1 for m in methods))
-    rows: list[tuple[str, Any]] = [(f"L{level}", level) for level in levels]
-    rows.append(("pooled", None))
-    if frontier_levels is not None:
-        rows.append(("frontier", frontier_levels))
-    tables = []
-    for k in ks:
-        lines = [f"{f'pass@{k}':<9}" + "".join(f"{m:>{width}}" for m in methods)]
-        for name, level in rows:
-            cells = []
-            for m in methods:
-                if isinstance(level, list):
-                    value = frontier_pass_at(results[m], k, level)
-                else:
-                    value = results[m].pass_at(k, level)
-                cells.append(f"{value:>{width}.3f}")
-            lines.append(f"{name:<9}" + "".join(cells))
-        tables.append("\n".join(lines))
-    text = "\n\n".join(tables)
-    if frontier_levels is not None:
-        shown = ", ".join(f"L{level}" for level in frontier_levels) or "none"
-        text += (
-            f"\nfrontier: {shown} (the warm start's validation pass@{frontier_k} below "
-            f"{evaluation.FRONTIER_PASS})"
-        )
-    return text
 
 
 def _plot_rewards(workdir: pathlib.Path, methods: list[str]) -> None:
@@ -141,31 +143,35 @@ def run_demo(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> 
       workdir: the output folder.
 
     Returns:
-      A dict with `results` (method -> `ChainEvaluation`, the warm start included), `table`
-      and `seconds` (wall time per phase).
+      A dict with `results` (method -> `ChainEvaluation`, the warm start included), `table`,
+      `seconds` (wall time per phase) and `reused` (the policies whose stored evaluation was
+      read back: the policy and the settings were unchanged).
     """
     methods = [m for m in config.methods.split(",") if m]
     for method in methods:  # before the warm start's minutes, not after them
         controllers.get_method(method)
     workdir = pathlib.Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
+    print(plan_line(config, workdir, methods), flush=True)
     seconds: dict[str, float] = {}
     start = time.perf_counter()
     model_dir = pretrain(config.pretrain, workdir / BASELINE)
     seconds["warm_start"] = time.perf_counter() - start
 
-    task_config = configs.chain_task_config(config.train)
-    test_rows = tasks.build_splits(task_config).test
     results: dict[str, evaluation.ChainEvaluation] = {}
+    reused: list[str] = []
+
+    def evaluate(name: str, policy) -> None:
+        start = time.perf_counter()
+        results[name], again = cached_evaluation(
+            policy, config, workdir / name, label=f"eval {name}", progress=config.progress
+        )
+        seconds[f"eval/{name}"] = time.perf_counter() - start
+        if again:
+            reused.append(name)
 
     # The warm start's own row: the same evaluation before any RL.
-    start = time.perf_counter()
-    warm = models.from_pretrained(model_dir)
-    results[BASELINE] = evaluate_chain(
-        warm, test_rows, task_config, config.eval, progress=config.progress
-    )
-    seconds[f"eval/{BASELINE}"] = time.perf_counter() - start
-
+    evaluate(BASELINE, models.from_pretrained(model_dir))
     for method in methods:
         run_config = copy.deepcopy(config.train)
         run_config.method = method
@@ -174,14 +180,7 @@ def run_demo(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> 
         start = time.perf_counter()
         out = train(run_config, workdir / method)
         seconds[f"train/{method}"] = time.perf_counter() - start
-        start = time.perf_counter()
-        policy = nnx.merge(out["run"].program.graphdef, out["state"].params)
-        result = evaluate_chain(
-            policy, test_rows, task_config, config.eval, progress=config.progress
-        )
-        seconds[f"eval/{method}"] = time.perf_counter() - start
-        (workdir / method / "eval.json").write_text(json.dumps(result.to_dict(), indent=2))
-        results[method] = result
+        evaluate(method, nnx.merge(out["run"].program.graphdef, out["state"].params))
 
     frontier, frontier_k = warm_start_frontier(workdir / BASELINE)
     table = format_comparison(
@@ -194,18 +193,24 @@ def run_demo(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> 
     summary = {
         "methods": methods,
         "frontier_levels": frontier,
+        "eval": {name: config.eval[name] for name in evaluation.CHAIN_FIELDS},
         "seconds": seconds,
+        "reused_evaluations": reused,
         "results": {m: r.to_dict() for m, r in results.items()},
         "sampled_tokens": {
             m: float(sum(r["tokens"] for r in read_metrics(workdir / m / "metrics.jsonl")))
             for m in methods
         },
+        "environment": environment(),
     }
     (workdir / "results.json").write_text(json.dumps(summary, indent=2))
+    problems = len(results[BASELINE].correct)
     print(
-        f"\nheld-out test split ({len(test_rows)} problems), {config.eval.num_samples} samples "
-        f"at T={config.eval.temperature}; unbiased pass@k\n{table}"
+        f"\nheld-out test split ({problems} problems), {config.eval.num_samples} samples at "
+        f"T={config.eval.temperature}, seed {config.eval.seed}; unbiased pass@k\n{table}"
     )
-    print("sampled tokens during RL:", summary["sampled_tokens"])
-    print("wall seconds:", {k: round(v, 1) for k, v in seconds.items()})
-    return {"results": results, "table": table, "seconds": seconds}
+    print(f"sampled tokens during RL: {format_counts(summary['sampled_tokens'])}")
+    print(f"wall time: {format_counts(seconds, ' s')}")
+    if reused:
+        print(f"evaluations reused (policy and settings unchanged): {', '.join(reused)}")
+    return {"results": results, "table": table, "seconds": seconds, "reused": reused}

@@ -2,10 +2,12 @@
 
 import json
 
+import jax
 import numpy as np
 import pytest
 
 from experiments.configs import demo
+from gdro_jax import eval as eval_lib
 from tests.study import _study_config
 
 
@@ -49,11 +51,34 @@ def test_demo_writes_the_table_plots_and_results(tmp_path, capsys):
         expected = np.mean([c > 0 for c in on_frontier])
         row = next(line for line in pass2.splitlines() if line.startswith("frontier "))
         column = list(out["results"]).index(method) + 1  # the pass@2 table, one column a method
-        assert float(row.split()[column]) == pytest.approx(expected, abs=5e-4), method
+        value, half = (float(x) for x in row.split()[column].split("±"))
+        assert value == pytest.approx(expected, abs=5e-4), method
+        assert 0 <= half <= 1, method
     assert set(results["results"]) == {"warm_start", "grpo", "gdro_both"}
     assert results["sampled_tokens"]["grpo"] > 0
     for method in ("grpo", "gdro_both"):
         rows = (tmp_path / method / "metrics.jsonl").read_text().splitlines()
         assert len(rows) == 3
         assert (tmp_path / method / "eval.json").exists()
-    assert "held-out test split" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert printed.startswith("demo: the warm start (20 supervised steps); RL runs of 3 steps")
+    assert "held-out test split" in printed
+    assert "sampled tokens during RL: grpo " in printed and "{" not in printed
+    assert results["environment"]["packages"]["jax"] == jax.__version__
+    assert results["eval"]["seed"] == eval_lib.EvalSettings.of("chain").seed
+
+    # experiments.evaluate on a run's folder (its checkpoint) with the demo's settings: the
+    # demo's counts, from the real sampler.
+    report = eval_lib.evaluate_policy(
+        tmp_path / "grpo", tmp_path / "grpo_eval", progress=False,
+        sampling={name: config.eval[name] for name in eval_lib.CHAIN_FIELDS},
+    )  # fmt: skip
+    assert report.evaluation.correct.tolist() == results["results"]["grpo"]["correct"]
+
+    # A rerun trains nothing and evaluates nothing: every policy and setting is unchanged.
+    stored = {m: (tmp_path / m / "eval.json").read_bytes() for m in ("grpo", "gdro_both")}
+    again = run_demo(config, tmp_path)
+    assert again["reused"] == ["warm_start", "grpo", "gdro_both"]
+    assert again["table"] == out["table"]
+    assert {m: (tmp_path / m / "eval.json").read_bytes() for m in stored} == stored
+    assert "evaluations reused (policy and settings unchanged)" in capsys.readouterr().out
