@@ -65,7 +65,8 @@ def quiet_logging() -> None:
 
 def _debugging() -> bool:
     verbosity = flags.FLAGS["verbosity"]
-    return bool(os.environ.get(DEBUG_ENV)) or (verbosity.present and verbosity.value >= 1)
+    debug = os.environ.get(DEBUG_ENV, "").strip() not in ("", "0")  # GDRO_DEBUG=0: off
+    return debug or (verbosity.present and verbosity.value >= 1)
 
 
 def _fail(message: str, *, traceback: bool = True) -> None:

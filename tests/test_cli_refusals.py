@@ -227,3 +227,12 @@ def test_debug_variable_shows_a_broken_config_files_traceback(tmp_path):
     assert completed.returncode != 0
     assert "Traceback" in completed.stderr and "SyntaxError" in completed.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_debug_variable_set_to_0_leaves_the_one_line(tmp_path):
+    """Planted: any value of GDRO_DEBUG counted as on (`0` printed the traceback)."""
+    config = tmp_path / "mine.py"
+    config.write_text(BROKEN_CONFIGS["syntax-error"][0])
+    completed = _run("experiments.train", f"--config={config}", f"--workdir={tmp_path / 'run'}",
+                     env={"GDRO_DEBUG": "0"})  # fmt: skip
+    _one_line_error(completed, f"--config={config}", "line 1")
