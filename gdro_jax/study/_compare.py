@@ -226,10 +226,12 @@ def _split_rows(config: ml_collections.ConfigDict) -> tuple[tasks.ChainTaskConfi
     return task_config, getattr(tasks.build_splits(task_config), split)
 
 
-def _evaluate(model_dir, config, progress: bool) -> evaluation.ChainEvaluation:
+def _evaluate(model_dir, config, progress: bool, label: str = "eval") -> evaluation.ChainEvaluation:
     task_config, rows = _split_rows(config)
     policy = models.from_pretrained(model_dir)
-    return evaluation.evaluate_chain(policy, rows, task_config, config.eval, progress=progress)
+    return evaluation.evaluate_chain(
+        policy, rows, task_config, config.eval, progress=progress, label=label
+    )
 
 
 def prepare_warm_start(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> pathlib.Path:
@@ -255,7 +257,8 @@ def prepare_warm_start(config: ml_collections.ConfigDict, workdir: pathlib.Path)
     path = _eval_file(workdir / BASELINE, config.eval.split)
     stamp = _stamp(None, config.eval) + "-" + config_hash(config.pretrain)
     if _read_done(path, stamp) is None:
-        result = _evaluate(model_dir, config, config.progress)
+        label = f"eval {BASELINE} ({config.eval.split})"
+        result = _evaluate(model_dir, config, config.progress, label)
         record = {"stamp": stamp, "evaluation": result.to_dict()}
         path.write_text(json.dumps({**record, "environment": runtime.environment()}))
     return model_dir

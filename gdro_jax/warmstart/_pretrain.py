@@ -286,8 +286,9 @@ def pretrain(
     task = task_config(config)
     ev = config.eval
     result = evaluation.evaluate_chain(
-        trained.model, tasks.build_splits(task).validation, task, ev, progress=config.progress
-    )
+        trained.model, tasks.build_splits(task).validation, task, ev, progress=config.progress,
+        label="eval warm start (validation)",
+    )  # fmt: skip
     eval_seconds = time.perf_counter() - eval_start
     eval_cpu_seconds = time.process_time() - eval_cpu_start
     frontier = check_frontier(
