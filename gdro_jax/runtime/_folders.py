@@ -5,14 +5,15 @@ Without a persistent cache every run compiles its step again (half a minute for 
 runs); with it, a second run of the same config loads the compiled programs from disk. jax keys
 each program by its computation, jaxlib version, platform, `XLA_FLAGS`, compile options and
 devices, so a changed config, flag or upgrade compiles afresh. The folders this module chooses
-hold one subfolder per processor (its architecture and a hash of its instruction-set flags): a
-home folder shared by a cluster's nodes then never hands one node's CPU code, compiled for its
-vector extensions, to another.
+hold one subfolder per processor (its architecture and a hash of its model and vector
+extensions): a home folder shared by a cluster's nodes then never hands one node's CPU code,
+compiled for its vector extensions, to another.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import platform
 import tempfile
@@ -21,6 +22,7 @@ from collections.abc import Mapping
 import jax
 
 from gdro_jax.runtime._console import notice
+from gdro_jax.runtime._environment import cpu_description
 
 CACHE_ENV = "GDRO_COMPILATION_CACHE"
 JAX_CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
@@ -51,20 +53,17 @@ def compilation_cache_dir(environ: Mapping[str, str] | None = None) -> str | Non
     return os.path.join(base, "gdro_jax", "jax", processor_name())
 
 
-def processor_name() -> str:
-    """This machine's architecture and a hash of its processor's instruction-set flags
-    (`x86_64-3f9a0c2e`): two machines share a name only when XLA:CPU may target the same
-    extensions on both."""
-    flags = platform.processor()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:  # Linux
-            flags = next(
-                (line for line in cpuinfo if line.startswith(("flags", "Features"))), flags
-            )
-    except OSError:
-        pass
-    words = " ".join(sorted(flags.partition(":")[2].split() or flags.split()))
-    return f"{platform.machine()}-{hashlib.sha256(words.encode()).hexdigest()[:8]}"
+def processor_name(cpuinfo: str | None = None) -> str:
+    """This machine's architecture and a hash of its processor's model and vector extensions
+    (`x86_64-3f9a0c2e`, from `cpu_description`): two machines share a name only when XLA:CPU
+    targets the same extensions on both.
+
+    Args:
+      cpuinfo: a /proc/cpuinfo text (None: this machine's, where there is one).
+    """
+    cpu = cpu_description(cpuinfo)
+    described = json.dumps([cpu["model"], cpu["vector_extensions"]])
+    return f"{platform.machine()}-{hashlib.sha256(described.encode()).hexdigest()[:8]}"
 
 
 def use_compilation_cache(environ: Mapping[str, str] | None = None) -> str | None:

@@ -71,6 +71,14 @@ def test_the_cache_folder_follows_the_environment(tmp_path):
     assert re.fullmatch(r"\w+-[0-9a-f]{8}", machine) and machine == processor_name()
 
 
+def test_the_processor_folder_changes_with_the_vector_extensions_only():
+    """Planted: the name from the architecture alone (one folder for every x86_64 node)."""
+    base = "processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: fpu sse2 avx2 fma\n\n"
+    wider = base.replace("fma", "fma avx512f")
+    assert processor_name(base) == processor_name(base) != processor_name(wider)
+    assert processor_name(base.replace("fpu ", "")) == processor_name(base)  # not a vector flag
+
+
 # One process: turns the cache on as the entry points do, compiles one program (kept whatever
 # its compile time), and prints the cache folder and jax's count of cache hits.
 _COMPILE_ONCE = """
