@@ -380,6 +380,7 @@ class Decoder(nnx.Module):
         cache_index: jax.Array | int,
         key_mask_BS: jax.Array,
         layers: Sequence[DecoderLayers] | None = None,
+        causal_by_slot: bool = True,
     ) -> tuple[jax.Array, KVCache]:
         """Runs T new tokens per sequence, writing their keys/values at cache slots
         `cache_index .. cache_index+T-1`, and attending to every earlier valid slot.
@@ -393,16 +394,22 @@ class Decoder(nnx.Module):
           key_mask_BS: False for slots that never hold a real token (padding).
           layers: the result of `layer_slices()`, computed once outside a decode loop (optional;
             otherwise every layer's weights are sliced from the stacked arrays here).
+          causal_by_slot: a query attends to no slot after its own (True), or `key_mask_BS`
+            alone says which slots it reads (False: a cache whose slots are not in token
+            order, such as the continuous sampler's ring of completion slots).
 
         Returns:
           (h_BTD final-normed hidden states, the updated cache).
         """
         T = tokens_BT.shape[1]
         S = cache.v[0].shape[2]
-        # [T] slots for one index, [B, T] for one index per row.
-        query_slot = jnp.asarray(cache_index)[..., None] + jnp.arange(T)
-        causal = jnp.arange(S) <= query_slot[..., None]
-        allowed_BTS = key_mask_BS.astype(bool)[:, None, :] & causal
+        allowed_BTS = jnp.broadcast_to(
+            key_mask_BS.astype(bool)[:, None, :], (len(key_mask_BS), T, S)
+        )
+        if causal_by_slot:
+            # [T] slots for one index, [B, T] for one index per row.
+            query_slot = jnp.asarray(cache_index)[..., None] + jnp.arange(T)
+            allowed_BTS &= jnp.arange(S) <= query_slot[..., None]
         return self._run(
             tokens_BT,
             positions_BT,

@@ -18,6 +18,7 @@ from gdro_jax.sampling import (
     sample_logits,
     sequence_logprobs,
 )
+from gdro_jax.sampling._continuous import _generate_continuous
 from gdro_jax.sampling._generate import _generate
 from tests.models.hf_helpers import VOCAB, make_hf_model, padded_batch, random_prompts
 
@@ -193,8 +194,13 @@ def test_same_key_same_result_other_key_other_result(model, sampled):
     assert not np.array_equal(np.asarray(other.tokens), np.asarray(sampled.tokens))
 
 
+def _compiled() -> int:
+    """Compilations of both decode loops (share_prefill=False runs the static one)."""
+    return _generate._cache_size() + _generate_continuous._cache_size()
+
+
 def test_prefill_sharing_changes_nothing_and_compiles_once(model, sampled):
-    compiled_before = _generate._cache_size()
+    compiled_before = _compiled()
     kwargs = dict(key=jax.random.key(7), max_new_tokens=M, top_k=8, prompt_bucket=16)
     unshared = generate(
         model,
@@ -219,7 +225,7 @@ def test_prefill_sharing_changes_nothing_and_compiles_once(model, sampled):
     np.testing.assert_array_equal(
         np.asarray(explicit.prompt_tokens), np.asarray(sampled.prompt_tokens)
     )
-    compiled = _generate._cache_size()
+    compiled = _compiled()
     assert compiled == compiled_before + 2  # share_prefill=False, and R = 8 prompts
     # New values of everything traced (key, temperature, top_p, slot map, prompt contents) and a
     # prompt length within the same bucket: no new compilation.
@@ -234,7 +240,7 @@ def test_prefill_sharing_changes_nothing_and_compiles_once(model, sampled):
         prompt_of_slot=SLOTS[::-1].copy(),
         prompt_bucket=16,
     )
-    assert _generate._cache_size() == compiled
+    assert _compiled() == compiled
 
 
 def test_all_stopped_early_leaves_padding_and_lengths(model):
