@@ -54,7 +54,7 @@ POLICY = models.DecoderConfig(
     num_kv_heads=2,
     head_dim=64,
     mlp_dim=768,
-    max_position_embeddings=512,
+    max_position_embeddings=2048,  # vLLM refuses longer prompt + completion than this
 )
 WORKLOADS = {
     # name: (prompt tokens, new tokens, per-token stop probability)
@@ -149,8 +149,9 @@ def generate_workloads(repeats: int, names: list[str], with_vllm: bool) -> dict:
             row["vllm"] = {"seconds": seconds, **_lengths(result)}
             row["vllm_n8_unseeded"] = _vllm_grouped(engine, prompts, new_tokens, stops, repeats)
             engine.close()
-        for entry in row.values():
+        for engine, entry in row.items():
             entry["tokens_per_s"] = entry["tokens"] / entry["seconds"]
+            print(f"{name} {engine}: {entry}", flush=True)
         results[name] = row
     return results
 
@@ -222,6 +223,7 @@ def graded_steps(steps: int) -> dict:
             **{name: float(np.median([r[name] for r in rows[1:]])) for name in rows[0]},
             "mean_completion_length": float(np.mean(tokens)),
         }
+        print(f"graded {batching}: {results[batching]}", flush=True)
     return results
 
 
