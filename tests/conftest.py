@@ -58,6 +58,7 @@ def data_dir():
 # last would leave one worker idle while the other finishes it.
 LONG_FILES_FIRST = (
     "tests/test_docs.py",
+    "tests/test_docs_long.py",
     "tests/train/test_resume.py",
     "tests/train/test_multiprocess.py",
     "tests/planner/test_step_program.py",

@@ -7,9 +7,13 @@ path. Each ```bash command runs from the repository root with `python` replaced 
 interpreter and `runs/...` folders moved to a temporary folder, which the bash blocks share in
 page order, as a reader following the pages would.
 
-A block whose first line is `# needs: ...` (a GPU, the network, a big model) or `# takes: ...`
-(over a minute on CPU) is skipped with that reason; the reader sees the same line. A block marked
-`# needs: the data files ...` runs when the data directory exists (`data.default_data_dir()`).
+A block whose first line is `# needs: ...` (a GPU, the network, a big model) is skipped with that
+reason; the reader sees the same line. A block marked `# needs: the data files ...` runs when the
+data directory exists (`data.default_data_dir()`). A block whose first line is `# takes: ...`
+(over a minute on CPU) runs too when that line states at most `TAKES_MINUTES` minutes ("half a
+minute", "about 5 min"), each command given four times the stated time, in page order in
+`tests/test_docs_long.py` (a file of its own, so that the other pytest worker takes it); one that
+states more or no figure ("hours", "several minutes per run") is skipped with its line.
 """
 
 import json
@@ -39,6 +43,8 @@ PAGES = ["README.md"] + [
 DATA_FILES = "needs: the data files"
 PYTHON_SECONDS = 900  # all python blocks together
 COMMAND_SECONDS = 300  # one shell command (each is under a minute on an idle 2-core machine)
+TAKES_MINUTES = 6  # a `# takes:` block stating at most this long runs (all tests here are slow)
+_STATED = re.compile(r"takes: (?:about |under )?(half a minute|a minute|(\d+(?:\.\d+)?) min)\b")
 
 _FENCE = re.compile(r"^```(\w*)[ \t]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 _MARKER = re.compile(r"#\s*((?:needs|takes):\s*\S.*)")
@@ -70,6 +76,12 @@ class Block(NamedTuple):
     line: int  # the page's line of the block's first line of code
     code: str
     skip: str | None  # the block's `# needs:` / `# takes:` line, or None
+    minutes: float | None = None  # what a `# takes:` line that runs states
+
+    @property
+    def seconds(self) -> float:
+        """Each command's time limit."""
+        return max(COMMAND_SECONDS, 4 * 60 * self.minutes) if self.minutes else COMMAND_SECONDS
 
     @property
     def where(self) -> str:
@@ -87,8 +99,22 @@ def page_blocks(text: str, page: str = "README.md") -> list[Block]:
         skip = marker[1] if marker else None
         if skip and skip.startswith(DATA_FILES) and data.default_data_dir() is not None:
             skip = None
-        blocks.append(Block(language, page, line, code, skip))
+        minutes = stated_minutes(skip)
+        if minutes is not None and minutes <= TAKES_MINUTES:
+            skip = None
+        else:
+            minutes = None
+        blocks.append(Block(language, page, line, code, skip, minutes))
     return blocks
+
+
+def stated_minutes(marker: str | None) -> float | None:
+    """The minutes a `takes: ...` line states ("half a minute": 0.5, "about 2 min": 2.0), or
+    None for another line or one without a figure ("hours", "several minutes")."""
+    match = _STATED.match(marker or "")
+    if match is None:
+        return None
+    return float(match[2]) if match[2] else {"half a minute": 0.5, "a minute": 1.0}[match[1]]
 
 
 def shell_commands(code: str) -> list[list[str]]:
@@ -118,7 +144,8 @@ BLOCKS = [
     for block in page_blocks((ROOT / page).read_text(encoding="utf-8"), page)
 ]
 PYTHON_BLOCKS = [b for b in BLOCKS if b.language == "python"]
-BASH_BLOCKS = [b for b in BLOCKS if b.language == "bash"]
+BASH_BLOCKS = [b for b in BLOCKS if b.language == "bash" and b.minutes is None]
+LONG_BASH_BLOCKS = [b for b in BLOCKS if b.language == "bash" and b.minutes is not None]
 
 
 def _id(block: Block) -> str:
@@ -202,6 +229,12 @@ def runs_dir(tmp_path_factory):
 @pytest.mark.parametrize("block", BASH_BLOCKS, ids=_id)
 def test_bash_block_runs(block, runs_dir):
     """Every command of the block exits 0 without a traceback."""
+    run_bash_block(block, runs_dir)
+
+
+def run_bash_block(block: Block, runs_dir: Path) -> None:
+    """Runs every command of a bash block (skipping a block with a skip line); fails the test
+    naming the command when one exits non-zero or prints a traceback."""
     if block.skip:
         pytest.skip(f"{block.where}: {block.skip}")
     commands = shell_commands(block.code)
@@ -219,7 +252,7 @@ def test_bash_block_runs(block, runs_dir):
             env=_env(),
             capture_output=True,
             text=True,
-            timeout=COMMAND_SECONDS,
+            timeout=block.seconds,
         )
         output = process.stdout + process.stderr
         if process.returncode != 0 or "Traceback" in output:
@@ -227,3 +260,16 @@ def test_bash_block_runs(block, runs_dir):
                 f"{block.where}: `{shown}` exited {process.returncode}:\n{output[-3000:]}",
                 pytrace=False,
             )
+
+
+def test_a_takes_line_states_its_minutes():
+    """Which `# takes:` blocks run: the figure read off the line, against the lines' meaning."""
+    lines = {
+        "takes: half a minute (the suite runs this command with 0 steps)": 0.5,
+        "takes: about 1.5 min on 2 cores, from the warm start of training.md": 1.5,
+        "takes: about 6 min on 2 cores (the warm start, a 40-step GRPO pilot)": 6.0,
+        "takes: hours on 2 cores (40 runs, each evaluated three times)": None,
+        "takes: several minutes per run": None,
+        "needs: network (make installs the notebooks extra); takes: about 3 min": None,
+    }
+    assert {line: stated_minutes(line) for line in lines} == lines
