@@ -119,7 +119,10 @@ def _checked_config(name: str, value: str):
     except SyntaxError as error:
         if _debugging():
             raise
-        _fail(f"{name}={path}: line {error.lineno}: {error.msg}; fix the file's syntax")
+        where = f"line {error.lineno}"
+        if error.filename and os.path.abspath(error.filename) != os.path.abspath(path):
+            where = f"{error.filename}, {where}"  # a module the config file imports
+        _fail(f"{name}={path}: {where}: {error.msg}; fix the file's syntax")
     except Exception as error:  # the file is the user's: whatever it raises, say where
         if _debugging():
             raise
