@@ -70,7 +70,6 @@ class _Lanes(NamedTuple):
         "use_top_p",
         "pad_id",
         "decode_slots",
-        "entering_slots",
     ),
 )
 def _generate_continuous(
@@ -90,13 +89,11 @@ def _generate_continuous(
     use_top_p: bool,
     pad_id: int,
     decode_slots: int,
-    entering_slots: int | None = None,
 ) -> GenerationResult:
     model = _sampling_copy(nnx.merge(graphdef, state))
     P = tokens_NP.shape[1]
     R, M, C = prompt_of_slot_R.shape[0], max_new_tokens, decode_slots
     S = P + M
-    E = C if entering_slots is None else min(entering_slots, C)
     sample = functools.partial(
         sample_logits,
         temperature=temperature,
@@ -144,48 +141,47 @@ def _generate_continuous(
             ),
         )
 
-    def refill(lanes: _Lanes, E: int) -> _Lanes:
-        """Up to E free lanes take the next requests in queue order (lane order among them); a
-        free lane beyond E waits a step. Only the entering rows are gathered and written."""
-        (lane_E,) = jnp.nonzero(lanes.done, size=E, fill_value=C)  # C: no lane (dropped)
-        entering_E = lanes.next_request + jnp.arange(E, dtype=jnp.int32)
-        take_E = (lane_E < C) & (entering_E < R)
-        lane_E = jnp.where(take_E, lane_E, C)
-        prompt_E = prompt_of_slot_R[jnp.minimum(entering_E, R - 1)]
-        gathered = jax.tree.map(lambda a: a[prompt_E], prefix_N)
+    def refill(lanes: _Lanes) -> _Lanes:
+        """Free lanes take the next requests in queue order (lane order among them)."""
+        free_C = lanes.done
+        entering_C = lanes.next_request + jnp.cumsum(free_C.astype(jnp.int32)) - 1
+        take_C = free_C & (entering_C < R)
+        request_C = jnp.where(take_C, entering_C, lanes.request)
+        prompt_C = prompt_of_slot_R[jnp.minimum(request_C, R - 1)]
+        # Gathered from the prefill's cache split by position, as the static loop's chunks: a
+        # lane's prompt rows then reach its device by one all-to-all per layer.
+        gathered = _positions_on_batch(model, jax.tree.map(lambda a: a[prompt_C], prefix_N))
+        take_C111 = take_C[:, None, None, None]
 
-        def enter(cache_row, prefix, specs):
-            written = cache_row.at[lane_E, :, :, :P].set(prefix, mode="drop")
-            return constrain(written, specs, model.mesh)
-
-        def enter_values(cache_row, prefix, specs):
-            written = cache_row.at[lane_E, :, :P, :].set(prefix, mode="drop")
-            return constrain(written, specs, model.mesh)
+        def enter(cache_row, prefix, specs, position_axis):
+            kept = jax.lax.slice_in_dim(cache_row, 0, P, axis=position_axis)
+            prefix = jnp.where(take_C111, prefix, kept)
+            return constrain(
+                jax.lax.dynamic_update_slice_in_dim(cache_row, prefix, 0, position_axis),
+                specs,
+                model.mesh,
+            )
 
         cache = KVCache(
             k=tuple(
-                enter(c, p, model.sharding.cache_bkhs)
+                enter(c, p, model.sharding.cache_bkhs, 3)
                 for c, p in zip(lanes.cache.k, gathered.k, strict=True)
             ),
             v=tuple(
-                enter_values(c, p, model.sharding.cache_bksh)
+                enter(c, p, model.sharding.cache_bksh, 2)
                 for c, p in zip(lanes.cache.v, gathered.v, strict=True)
             ),
         )
-        take_C = jnp.zeros((C,), bool).at[lane_E].set(True, mode="drop")
-        to_lanes = lambda x_E, x_C: x_C.at[lane_E].set(x_E, mode="drop")  # noqa: E731
         lanes = lanes._replace(
             cache=cache,
-            request=to_lanes(entering_E, lanes.request),
-            prompt_length=to_lanes(lengths_N[prompt_E], lanes.prompt_length),
+            request=request_C,
+            prompt_length=jnp.where(take_C, lengths_N[prompt_C], lanes.prompt_length),
             step=jnp.where(take_C, 0, lanes.step),
             done=lanes.done & ~take_C,
-            next_request=lanes.next_request + jnp.sum(take_E, dtype=jnp.int32),
+            next_request=lanes.next_request + jnp.sum(take_C, dtype=jnp.int32),
         )
         # The first token comes from the prefill's last logits.
-        token_E, logprob_E = draw(logits_NV[prompt_E], entering_E, jnp.zeros((E,), jnp.int32))
-        token_C = to_lanes(token_E, jnp.zeros((C,), jnp.int32))
-        logprob_C = to_lanes(logprob_E, jnp.zeros((C,), jnp.float32))
+        token_C, logprob_C = draw(logits_NV[prompt_C], request_C, lanes.step)
         return emit(lanes, take_C, token_C, logprob_C)
 
     def decode(lanes: _Lanes) -> _Lanes:
@@ -210,7 +206,7 @@ def _generate_continuous(
         lanes = lanes._replace(cache=cache, iterations=lanes.iterations + 1)
         lanes = emit(lanes, active_C, token_C, logprob_C)
         can_refill = jnp.any(lanes.done) & (lanes.next_request < R)
-        return jax.lax.cond(can_refill, lambda x: refill(x, E), lambda x: x, lanes)
+        return jax.lax.cond(can_refill, refill, lambda x: x, lanes)
 
     def busy(lanes: _Lanes) -> jax.Array:
         # Every step samples a token of some request, so R x M steps bound the loop: a broken
@@ -232,7 +228,7 @@ def _generate_continuous(
         lengths=jnp.zeros((R,), jnp.int32),
         finish_reasons=jnp.full((R,), int(FinishReason.LENGTH), jnp.int32),
     )
-    lanes = jax.lax.while_loop(busy, decode, refill(lanes, C))  # every lane takes one
+    lanes = jax.lax.while_loop(busy, decode, refill(lanes))
     outputs = _slots_on_batch(
         model, (lanes.tokens, lanes.logprobs, lanes.lengths, lanes.finish_reasons)
     )
