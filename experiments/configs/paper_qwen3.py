@@ -44,10 +44,11 @@ def paper_config(size: str) -> ml_collections.ConfigDict:
     # 4.5 GiB for the 256 prompts' shared prefill. Per-slot keys make the completions the same
     # for any value (up to the matmuls' rounding at another batch size): resumable.
     config.rollout.micro_batch_slots = 128
-    # The library's default, stated: a decode slot whose completion stops takes the next of the
-    # 1024 rollouts at once, so the rollout phase costs what its tokens cost, not 8 chunks x the
-    # longest completion of each.
-    config.rollout.batching = "continuous"
+    # Static chunks, not the library's continuous default: at this scale the continuous loop's
+    # compiled buffers are larger (Qwen3-8B on fsdp=8: the plan's "rollout, other buffers" 75 GiB
+    # against 39.9 with 128 slots), so it would not fit 80 GiB. --config.rollout.batching=continuous
+    # with --config.rollout.micro_batch_slots=64 fits (experiments.plan).
+    config.rollout.batching = "static"
     config.task_kind = "math"
     config.math.update(
         preset="dapo_math_en",
