@@ -6,15 +6,15 @@ a queue; C lanes decode them, and a lane whose request stops (a stop id or the c
 request at once, so the loop runs until the queue is empty and every lane has stopped, and the
 work follows the tokens sampled rather than C x the longest completion.
 
-Shapes stay static. Every lane owns a KV cache row of `S = P + M` slots laid out as the static
-sampler's: the request's prompt left-aligned in slots `P - len .. P-1` (copied from the shared
-prefill of the N prompts when the request enters), its completion from slot `P`. Lanes are at
-different steps, so each writes its new key/value at its own slot (`extend_cache` with one cache
-index per row) and attends to its own prefix and completion; slots a previous request left behind
-are masked until the new request overwrites them. A refill (`lax.cond`, only on steps where a lane
-is free and the queue is not empty) gathers the entering requests' prefixes, and their first
-tokens come from the prefill's logits; a request's tokens, log-probs, length and finish reason
-land in its own row of the [R, M] outputs.
+Shapes stay static. Every lane owns a KV cache row of `S = P + M` slots: the request's prompt
+left-aligned in slots `P - len .. P-1` (copied from the shared prefill of the N prompts when the
+request enters), its completion in the ring of slots `P .. S-1`. Lanes are at different steps, so
+decode step g writes every lane's new key/value at the one ring slot `P + g mod M` (in place),
+and each lane attends to its own prefix and to the ring slots its request wrote; slots a previous
+request left behind are masked. A refill (`lax.cond`, only on steps where a lane is free and the
+queue is not empty) gathers the entering requests' prefixes, and their first tokens come from the
+prefill's logits; a request's tokens, log-probs, length and finish reason land in its own row of
+the [R, M] outputs.
 
 Randomness is the static sampler's: request r's token t is drawn with `fold_in(fold_in(key, r), t)`,
 whatever lane it ran in and whenever it entered, so both samplers give the same completions, equal
