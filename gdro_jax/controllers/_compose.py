@@ -88,8 +88,9 @@ class MultiAdversary(NamedTuple):
     """A method's decisions composed: pure functions over a `GDROState` (see `multi_adversary`).
 
     The parts it was built from stay readable: the step logs the prompt adversary's
-    distribution, and a group filter's buffer lives beside the `GDROState` in the train state
-    (its groups are rollouts, which the controllers never hold).
+    distribution, a group filter's buffer lives beside the `GDROState` in the train state (its
+    groups are rollouts, which the controllers never hold), and a trainer that cannot realise a
+    decision (a fixed number of rollouts per prompt, say) can tell which parts it was given.
     """
 
     init: Callable[[], GDROState]
@@ -99,6 +100,17 @@ class MultiAdversary(NamedTuple):
     num_bins: int  # the classifier's bins B
     prompt_adversary: PromptAdversary | None = None
     group_filter: GroupFilter | None = None
+    rollout_allocator: RolloutAllocator | None = None
+    prompt_sampler: PromptSampler | None = None
+
+    @property
+    def draws_prompts(self) -> bool:
+        """Whether `plan` draws the batch itself (a prompt sampler, or Prompt-GDRO's
+        `resample` realisation), so that the ids given to it count only for their number."""
+        resample = self.prompt_adversary is not None and (
+            self.prompt_adversary.realisation == "resample"
+        )
+        return self.prompt_sampler is not None or resample
 
 
 def slots_from_counts(num_rollouts: ArrayLike, total: int) -> jax.Array:
@@ -333,4 +345,6 @@ def multi_adversary(
         num_bins=classifier.num_bins,
         prompt_adversary=prompt,
         group_filter=group_filter,
+        rollout_allocator=rollout,
+        prompt_sampler=sampler,
     )
