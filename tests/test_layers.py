@@ -26,6 +26,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 # A package imports only packages of lower layers (the same layer is not lower).
 LAYERS = {
     "controllers": 0,
+    "integrations": 1,
     "losses": 0,
     "models": 1,
     "plots": 1,
