@@ -13,7 +13,12 @@ VLLM_VENV := .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_INSTALLED := $(VLLM_VENV)/.installed-vllm
 
-.PHONY: demo study sim notebooks test test-slow test-vllm bench-engines lint format bench clean
+# Tunix (google-tunix, pinned) likewise: the tunix extra beside the test extra.
+TUNIX_VENV := .venv-tunix
+TUNIX_PY := $(TUNIX_VENV)/bin/python
+TUNIX_INSTALLED := $(TUNIX_VENV)/.installed-tunix
+
+.PHONY: demo study sim notebooks test test-slow test-vllm test-tunix bench-engines lint format bench clean
 
 $(RUNTIME): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -61,7 +66,7 @@ notebooks: $(NOTEBOOKS)
 # (resume, several processes, learning, a tiny study, the shipped commands in subprocesses) and the
 # docs and notebooks executed (docs/testing.md lists them). CI (.ci/run) runs both.
 test: $(TESTING)
-	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow and not vllm" tests
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow and not vllm and not tunix" tests
 
 test-slow: $(TESTING)
 	$(PY) -m pytest -q -n 2 --dist loadfile -m slow tests
@@ -78,6 +83,17 @@ $(VLLM_INSTALLED): pyproject.toml
 # The vLLM engine against the built-in one (tests/step/test_vllm.py), in its own environment.
 test-vllm: $(VLLM_INSTALLED)
 	$(VLLM_PY) -m pytest -q -m vllm tests
+
+$(TUNIX_INSTALLED): pyproject.toml
+	@test -x $(TUNIX_PY) || $(PYTHON) -m venv $(TUNIX_VENV)
+	$(TUNIX_PY) -m pip install -q --upgrade pip
+	$(TUNIX_PY) -m pip install -q -e '.[test,tunix]'
+	@touch $(TUNIX_INSTALLED)
+
+# Tunix's GRPO learner with the controllers inside (tests/integrations/test_tunix.py), in its own
+# environment.
+test-tunix: $(TUNIX_INSTALLED)
+	$(TUNIX_PY) -m pytest -q -m tunix tests
 
 # Tokens/s and step time of the KV-cache engine and vLLM side by side (BENCHMARKS.md).
 bench-engines: $(VLLM_INSTALLED)
