@@ -37,7 +37,7 @@ PAGES = ["README.md"] + [
     f"docs/{name}.md"
     for name in (
         "controllers", "models", "tasks-and-data", "training", "engines", "scaling", "checkpoints",
-        "evaluation", "studies", "simulation", "architecture", "testing",
+        "evaluation", "studies", "simulation", "integrations", "architecture", "testing",
     )
 ]  # fmt: skip
 DATA_FILES = "needs: the data files"
