@@ -287,3 +287,20 @@ def test_a_prompt_sampler_draws_the_batch_and_learns_from_every_group(parts):
     with pytest.raises(ValueError, match="draws the batch itself"):
         resampling = controllers.prompt_gdro(classifier.num_bins, realisation="resample")
         controllers.multi_adversary(classifier, resampling, sampler=sampler)
+
+
+def test_the_composition_names_its_parts_and_whether_it_draws_the_batch():
+    """A trainer that cannot realise a decision reads the parts off the composition."""
+    classifier = controllers.passk_classifier(8)
+    sampler, rollout = controllers.mopps(8), controllers.rollout_gdro(num_bins=10)
+    reweight, resample = controllers.prompt_gdro(), controllers.prompt_gdro(realisation="resample")
+    cases = [
+        (controllers.multi_adversary(classifier, reweight, rollout), False),
+        (controllers.multi_adversary(classifier, resample), True),
+        (controllers.multi_adversary(classifier, sampler=sampler), True),
+        (controllers.multi_adversary(classifier), False),
+    ]
+    for adversary, draws in cases:
+        assert adversary.draws_prompts is draws
+    assert cases[0][0].rollout_allocator is rollout and cases[0][0].prompt_sampler is None
+    assert cases[2][0].prompt_sampler is sampler and cases[2][0].rollout_allocator is None
