@@ -74,8 +74,7 @@ class HostControllers:
         self._num_prompts = int(self._state.classifier.visits.shape[0])
         self._step = 0
         self._compile()
-        self._plan: Plan | None = None  # the step's plan, on the device (for `update`)
-        self._host_plan: Plan | None = None  # the same as numpy arrays
+        self._host_plan: Plan | None = None  # the step's plan, as numpy arrays
         self._selected = False  # select_prompts already drew this step's batch
 
     def _compile(self) -> None:
@@ -151,7 +150,6 @@ class HostControllers:
                 )
             ids = self._ids("prompt_ids", prompt_ids, check_range=not self._adversary.draws_prompts)
             plan = self._plan_fn(self._state, ids, np.int32(self._step))
-            self._plan = plan
             self._host_plan = jax.tree.map(np.asarray, jax.device_get(plan))
         elif prompt_ids is not None:
             self._check_batch("plan", prompt_ids)
@@ -171,8 +169,9 @@ class HostControllers:
         advantage estimator asks (a prompt's multiplier depends only on its bin). The first call
         of a step takes them as the batch.
         """
-        ids = self._ids("prompt_ids", prompt_ids)
-        plan = self._check_batch("multipliers", ids) if self._host_plan is None else self._host_plan
+        if self._host_plan is None:
+            self._check_batch("multipliers", prompt_ids)  # the first call: these are the batch
+        ids, plan = self._ids("prompt_ids", prompt_ids), self._host_plan
         batch_ids, weights = plan.prompt_ids, plan.advantage_weights
         order = np.argsort(batch_ids, kind="stable")
         sorted_ids = batch_ids[order]
@@ -239,17 +238,16 @@ class HostControllers:
             if signal.shape != ids.shape or not np.isfinite(signal).all():
                 raise ValueError(f"losses must be finite float [{ids.size}], got {signal.shape}")
         # numpy arguments go to the device with the jitted call itself (no dispatch each).
-        device_plan = self._plan._replace(num_rollouts=counts.astype(np.int32))
         self._state = self._update_fn(
             self._state,
-            device_plan,
+            plan._replace(num_rollouts=counts.astype(np.int32)),
             ids,
             num_correct=correct,
             losses=signal.astype(np.float32),
             valid=valid,
         )
         self._step += 1
-        self._plan = self._host_plan = None
+        self._host_plan = None
         self._selected = False
 
     # -- bytes ---------------------------------------------------------------------------------
@@ -287,7 +285,7 @@ class HostControllers:
         if int(payload["seed"]) != self._seed:
             self._seed = int(payload["seed"])
             self._compile()
-        self._plan = self._host_plan = None
+        self._host_plan = None
         self._selected = False
 
     @classmethod
