@@ -27,6 +27,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 LAYERS = {
     "controllers": 0,
     "integrations": 1,
+    "levels": 0,
     "losses": 0,
     "models": 1,
     "plots": 1,

@@ -46,7 +46,7 @@ class Field(NamedTuple):
 Block = Mapping[str, Any]  # name -> Field, or name -> Block (a nested block)
 
 # Set by the trainer itself (from the run's shape), so a part's block never carries them.
-RUN_LEVEL_ARGUMENTS = ("num_prompts", "num_bins", "n_mean", "reward_values", "num_groups")
+RUN_LEVEL_ARGUMENTS = controllers.RUN_LEVEL_ARGUMENTS
 
 _ARG_LINE = re.compile(r"^(\s+)(\w+)(?: \([^)]*\))?: (.*)$")
 

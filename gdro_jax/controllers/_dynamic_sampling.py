@@ -65,6 +65,8 @@ class DynamicSampling(NamedTuple):
     keep: Callable[[ArrayLike], jax.Array]
     add: Callable[..., tuple[DynamicSamplingState, DynamicSamplingInfo]]
     take: Callable[[DynamicSamplingState], tuple[Any, jax.Array, DynamicSamplingState]]
+    # (state after the round, DynamicSamplingInfo) -> the `filter/...` and `prompt/kept` metrics
+    metrics: Callable[[DynamicSamplingState, DynamicSamplingInfo], dict[str, jax.Array]]
     num_groups: int
     max_rounds: int
 
@@ -164,6 +166,24 @@ def dynamic_sampling(num_groups: int, *, max_rounds: int = 10) -> DynamicSamplin
         )
         return state.groups, filled, emptied
 
+    def metrics(state: DynamicSamplingState, info: DynamicSamplingInfo) -> dict[str, jax.Array]:
+        return {
+            "filter/updated": info.ready.astype(jnp.int32),
+            "filter/partial": info.partial.astype(jnp.int32),
+            "filter/rounds": info.rounds,
+            "filter/kept_fraction": jnp.mean(info.kept.astype(jnp.float32)),
+            "filter/signal_fraction": jnp.mean(info.signal.astype(jnp.float32)),
+            "filter/buffered": state.count,
+            "filter/updates": state.updates,
+            "prompt/kept": info.kept.astype(jnp.int32),
+        }
+
     return DynamicSampling(
-        init=init, keep=keep, add=add, take=take, num_groups=num_groups, max_rounds=max_rounds
+        init=init,
+        keep=keep,
+        add=add,
+        take=take,
+        metrics=metrics,
+        num_groups=num_groups,
+        max_rounds=max_rounds,
     )

@@ -74,6 +74,8 @@ class Knapsack(NamedTuple):
     allocate: Callable[..., tuple[jax.Array, KnapsackInfo]]
     update: Callable[..., KnapsackState]
     success_rate: Callable[[KnapsackState, ArrayLike], tuple[jax.Array, jax.Array]]
+    # (KnapsackInfo) -> {"mu", "allocation/effective_fraction", "allocation/fallback"}
+    metrics: Callable[[KnapsackInfo], dict[str, jax.Array]]
     n_mean: int
     num_prompts: int
     num_bins: None = None  # by prompt: the classifier's bins are not used (`RolloutAllocator`)
@@ -268,11 +270,19 @@ def knapsack(
             correct=new_correct, rollouts=new_rollouts, visits=visits, step=state.step + 1
         )
 
+    def metrics(info: KnapsackInfo) -> dict[str, jax.Array]:
+        return {
+            "mu": info.mu,
+            "allocation/effective_fraction": jnp.mean(info.effective.astype(jnp.float32)),
+            "allocation/fallback": info.fallback.astype(jnp.int32),
+        }
+
     return Knapsack(
         init=init,
         allocate=allocate,
         update=update,
         success_rate=success_rate,
+        metrics=metrics,
         n_mean=n_mean,
         num_prompts=num_prompts,
     )

@@ -57,6 +57,11 @@ class Method(NamedTuple):
         return {d: getattr(self, d) for d in DECISIONS if getattr(self, d) is not None}
 
 
+# The arguments of a part's factory that the run sets, not the part's config block: D the prompts
+# it keeps a history of, B the classifier's bins, n_mean, the (wrong, correct) rewards, and a
+# group filter's N groups. The trainer's config schema and the simulator's config leave them out.
+RUN_LEVEL_ARGUMENTS = ("num_prompts", "num_bins", "n_mean", "reward_values", "num_groups")
+
 # decision -> {part name: factory}. A part's name is its factory's and its config block's; a new
 # part is one module with its factory and one line here.
 PARTS: Mapping[str, dict[str, Callable]] = {

@@ -64,6 +64,8 @@ class MoPPS(NamedTuple):
     draw: Callable[..., MoPPSDraw]
     update: Callable[..., MoPPSState]
     posterior_mean: Callable[[MoPPSState, ArrayLike], jax.Array]
+    # (MoPPSDraw) -> {"sampler/sampled_rate"}: the batch's mean Thompson sample, for the step
+    metrics: Callable[[MoPPSDraw], dict[str, jax.Array]]
     num_prompts: int
     candidates: int
 
@@ -175,11 +177,15 @@ def mopps(
         visits = state.visits + visits_D.astype(jnp.int32)
         return MoPPSState(alpha=alpha, beta=beta, visits=visits, step=state.step + 1)
 
+    def metrics(drawn: MoPPSDraw) -> dict[str, jax.Array]:
+        return {"sampler/sampled_rate": jnp.mean(drawn.sampled_rate)}
+
     return MoPPS(
         init=init,
         draw=draw,
         update=update,
         posterior_mean=posterior_mean,
+        metrics=metrics,
         num_prompts=num_prompts,
         candidates=candidates,
     )

@@ -53,6 +53,8 @@ class PromptGDRO(NamedTuple):
     # (state, bins, *, losses, importance=None, valid=None) -> PromptGDROState
     update: Callable[..., PromptGDROState]
     bin_losses: Callable[..., tuple[jax.Array, jax.Array]]
+    # (state, present_B) -> {"bin/q": q_B, "bin/score": S_B}: what the step logs of it
+    metrics: Callable[[PromptGDROState, ArrayLike], dict[str, jax.Array]]
     num_bins: int
     realisation: str = "reweight"  # how q reaches the update: "reweight" or "resample" (SPEC 4)
 
@@ -241,12 +243,16 @@ def prompt_gdro(
             step=state.step + 1,
         )
 
+    def metrics(state: PromptGDROState, present: ArrayLike) -> dict[str, jax.Array]:
+        return {"bin/q": distribution(state, present), "bin/score": state.scores}
+
     return PromptGDRO(
         init=init,
         distribution=distribution,
         weights=weights,
         update=update,
         bin_losses=bin_losses,
+        metrics=metrics,
         num_bins=num_bins,
         realisation=realisation,
     )

@@ -10,6 +10,11 @@ protocol (jit, vmap, scan, a mesh and, for an allocation, the exact total).
     prompt_adversary    PromptAdversary    weights, distribution, update(bins, losses)
     group_filter        GroupFilter        keep(rewards), add(buffer, groups, keep), take(buffer)
 
+Each protocol also declares `metrics`: the named arrays its part reports for the step to log
+(`"bin/q"`, `"mu"`, `"filter/updated"`, ...), so the trainer and the simulator read no field of
+a concrete part's state or info. Their shapes are fixed: a scalar, or one value per bin or per
+prompt (a name starting `bin/` or `prompt/`).
+
 A part is a `NamedTuple` of pure functions with a fixed-shape `NamedTuple` state (STYLE.md). Each
 protocol is `runtime_checkable`, so `isinstance(part, RolloutAllocator)` checks that a part has
 the members its decision queries.
@@ -60,6 +65,8 @@ class PromptSampler(Protocol):
         valid: ArrayLike | None = None,
     ) -> Any: ...
 
+    def metrics(self, drawn: SamplerDraw) -> dict[str, jax.Array]: ...
+
 
 @runtime_checkable
 class RolloutAllocator(Protocol):
@@ -98,6 +105,8 @@ class RolloutAllocator(Protocol):
         prompt_ids: ArrayLike | None = None,
     ) -> Any: ...
 
+    def metrics(self, info: Allocation) -> dict[str, jax.Array]: ...
+
 
 @runtime_checkable
 class PromptAdversary(Protocol):
@@ -133,6 +142,11 @@ class PromptAdversary(Protocol):
         valid: ArrayLike | None = None,
     ) -> Any: ...
 
+    def metrics(self, state: Any, present: ArrayLike) -> dict[str, jax.Array]:
+        """What it plays, for the batch whose bins `present` [B] bool holds: at least
+        `"bin/q"`, its distribution."""
+        ...
+
 
 @runtime_checkable
 class GroupFilter(Protocol):
@@ -151,3 +165,7 @@ class GroupFilter(Protocol):
     def add(self, state: Any, groups: Any, *, keep: ArrayLike) -> tuple[Any, Any]: ...
 
     def take(self, state: Any) -> tuple[Any, jax.Array, Any]: ...
+
+    def metrics(self, state: Any, info: Any) -> dict[str, jax.Array]:
+        """The round's report from the buffer after it and `add`'s info."""
+        ...

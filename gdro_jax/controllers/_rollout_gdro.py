@@ -67,6 +67,8 @@ class RolloutGDRO(NamedTuple):
     # valid=None, prompt_ids=None) -> RolloutGDROState; which observations are needed depends
     # on the proxy (the `RolloutAllocator` protocol)
     update: Callable[..., RolloutGDROState]
+    # (AllocationInfo) -> {"mu", "bin/variance", "allocation/objective"}: what the step logs
+    metrics: Callable[[AllocationInfo], dict[str, jax.Array]]
     num_bins: int
     n_min: int
     n_max: int
@@ -320,10 +322,18 @@ def rollout_gdro(
             mu=mu.astype(jnp.float32),
         )
 
+    def metrics(info: AllocationInfo) -> dict[str, jax.Array]:
+        return {
+            "mu": info.mu,
+            "bin/variance": info.variance_per_bin,
+            "allocation/objective": info.objective,
+        }
+
     return RolloutGDRO(
         init=init,
         allocate=allocate,
         update=update,
+        metrics=metrics,
         num_bins=num_bins,
         n_min=n_min,
         n_max=n_max,

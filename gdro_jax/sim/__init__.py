@@ -19,6 +19,7 @@ Typical use:
     print(sim.format_table(summary, num_seeds=16))
 """
 
+from gdro_jax.levels import level_counts, level_shares  # shared with the chain task
 from gdro_jax.sim._calibrate import (
     calibrate_learning_rate,
     expected_pass_at_1,
@@ -80,7 +81,6 @@ from gdro_jax.sim._simulate import (
     simulate,
 )
 from gdro_jax.sim._study import simulate_study
-from gdro_jax.tasks import level_counts, level_shares  # shared with the chain task
 
 __all__ = [
     "predicted_gains",

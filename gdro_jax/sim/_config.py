@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from gdro_jax.configs import RUN_LEVEL_ARGUMENTS  # set by the simulator from its own fields
-from gdro_jax.controllers import PARTS, passk_classifier
-from gdro_jax.tasks import level_counts, level_shares
+# RUN_LEVEL_ARGUMENTS: set by the simulator from its own fields.
+from gdro_jax.controllers import PARTS, RUN_LEVEL_ARGUMENTS, passk_classifier
+from gdro_jax.levels import level_counts, level_shares
 
 _OPTIMIZERS = ("adam", "sgd")
 # The library's signals (`losses.SIGNALS`) but "surrogate_kl": the learner has no reference

@@ -26,8 +26,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gdro_jax.controllers import METHODS, PARTS, get_method
-from gdro_jax.sim._config import RUN_LEVEL_ARGUMENTS, SimConfig
+from gdro_jax.controllers import (
+    METHODS,
+    PARTS,
+    RUN_LEVEL_ARGUMENTS,
+    check_combination,
+    get_method,
+)
+from gdro_jax.sim._config import SimConfig
 
 
 class MethodFlags(NamedTuple):
@@ -202,8 +208,7 @@ def check_flags(flags: MethodFlags, parts: tuple[str, ...]) -> None:
     named = [name for name, record in METHODS.items() if record.parts() == chosen]
     who = f"method {named[0]!r}" if named else f"flags applying {sorted(chosen.values())}"
     _check_compiled(set(chosen.values()), parts, who)
-    if "group_filter" in chosen and {"rollout_allocation", "prompt_adversary"} & set(chosen):
-        raise ValueError(
-            f"{who}: a group filter trains on groups of n_mean rollouts from earlier rounds, so "
-            "it does not combine with a rollout allocation or a prompt adversary"
-        )
+    try:
+        check_combination(**{decision: True for decision in chosen})
+    except ValueError as error:
+        raise ValueError(f"{who}: {error}") from None

@@ -44,7 +44,11 @@ from tqdm import tqdm
 
 from gdro_jax import losses
 from gdro_jax.controllers import (
-    PassKState,
+    Filtered,
+    GDROState,
+    MultiAdversary,
+    PlanKeys,
+    multi_adversary,
     passk_classifier,
     slots_from_counts,
 )
@@ -86,10 +90,10 @@ class SimState(NamedTuple):
 
     theta: jax.Array  # [L] float32 skill logits
     opt_state: optax.OptState  # the optimizer's state for theta
-    classifier: PassKState  # over the D training prompts
-    # Each compiled part's state by its name in `controllers.PARTS` (the GDRO parts' always):
-    # every part observes every method's steps; a method's flags say which parts are applied.
-    parts: dict[str, Any]
+    # The composition's state: the classifier over the D training prompts and each compiled
+    # part's state by its name in `controllers.PARTS` (the GDRO parts' always): every part
+    # observes every method's steps; a method's flags say which parts are applied.
+    controllers: GDROState
 
 
 class StepRecord(NamedTuple):
@@ -135,6 +139,11 @@ class Simulator(NamedTuple):
     config: SimConfig
     num_bins: int
     parts: tuple[str, ...]
+    # The trainer's composition (`controllers.multi_adversary`) over every compiled part, each an
+    # alternative of its decision, and the map `applied(flags) -> {part: [] bool}` that chooses
+    # the applied ones: what a step plans, filters and updates with.
+    decisions: MultiAdversary
+    applied: Callable[[MethodFlags], dict[str, jax.Array]]
 
 
 def _optimizer(config: SimConfig) -> optax.GradientTransformation:
@@ -175,11 +184,13 @@ def make_simulator(
 
     Raises:
       ValueError: an unknown part, or a bad value in the block of a compiled part (named as
-        `knapsack.n_max`, ...), or a prompt adversary that resamples the batch (the simulator
-        reweights advantages only).
+        `knapsack.n_max`, ...), or compiled parts that no method could combine (a prompt
+        sampler beside Prompt-GDRO's `realisation="resample"`, as the trainer refuses).
     """
     parts = compiled_parts(parts)
-    classifier = call_named("classifier", passk_classifier, config.pool_size, **config.classifier)
+    classifier_block = dict(config.classifier)
+    bins_from = classifier_block.pop("bins_from", "prompt")  # the composition's, as the trainer's
+    classifier = call_named("classifier", passk_classifier, config.pool_size, **classifier_block)
     num_bins = classifier.num_bins
     # Every compiled part from its factory in `controllers.PARTS` and its block (the rivals only
     # when compiled in, as the trainer builds its method's parts only), by the decision it fills.
@@ -188,21 +199,28 @@ def make_simulator(
     def of_decision(decision: str) -> dict[str, Any]:
         return {part: built[part] for part in parts if DECISION_OF_PART[part] == decision}
 
-    samplers, allocations = of_decision("prompt_sampler"), of_decision("rollout_allocation")
-    adversaries, group_filters = of_decision("prompt_adversary"), of_decision("group_filter")
-    for part, adversary in adversaries.items():
-        if adversary.realisation != "reweight":  # batches come from the epoch order or a sampler
-            raise ValueError(
-                f"{part}.realisation must be 'reweight' in the simulator, got "
-                f"{part}.realisation={adversary.realisation!r}"
-            )
-    # What every method logs: the distribution and the shadow price the GDRO parts would play.
-    prompt_adversary = built["prompt_gdro"]
+    group_filters = of_decision("group_filter")
+    # The trainer's composition, given every compiled part as an alternative of its decision:
+    # the flags choose the applied one (traced), and every part observes every step.
+    decisions = call_named(
+        "classifier",
+        multi_adversary,
+        classifier,
+        of_decision("prompt_adversary"),
+        of_decision("rollout_allocation"),
+        sampler=of_decision("prompt_sampler"),
+        group_filter=group_filters,
+        n_mean=config.n_mean,
+        bins_from=bins_from,
+        num_prompts=config.num_prompts,
+    )
 
-    def applies(flags: MethodFlags, part: str) -> jax.Array:
-        """[] bool: `flags` hand the decision `part` fills to `part`."""
-        decision = DECISION_OF_PART[part]
-        return getattr(flags, decision) == part_index(decision, part)
+    def applied(flags: MethodFlags) -> dict[str, jax.Array]:
+        """`{part: [] bool}`: whether `flags` hand the decision `part` fills to `part`."""
+        return {
+            part: getattr(flags, DECISION_OF_PART[part]) == part_index(DECISION_OF_PART[part], part)
+            for part in parts
+        }
 
     optimizer = _optimizer(config)
     num_prompts, num_slots, num_levels = config.num_prompts, config.num_slots, config.num_levels
@@ -248,16 +266,9 @@ def make_simulator(
     # A group filter's groups are N x n_mean slots (it allocates nothing): their prompt of slot.
     uniform_slot_R = slots_from_counts(np.full(num_prompts, config.n_mean), num_slots)
 
-    def filter_round(
-        group_filter: Any,
-        buffer: Any,
-        theta_L: jax.Array,
-        groups: BufferedGroups,
-        reward_NG: jax.Array,
-    ) -> tuple[jax.Array, jax.Array, Any]:
-        """A round of a group filter: `(buffered gradient, ready, buffer after the round)`."""
-        buffer, info = group_filter.add(buffer, groups, keep=group_filter.keep(reward_NG))
-        held, filled_N, emptied = group_filter.take(buffer)
+    def buffered_gradient(theta_L: jax.Array, filtered: Filtered) -> jax.Array:
+        """The exact GRPO gradient of the group filter's buffered groups (`filtered.groups`)."""
+        held = filtered.groups
         # The buffer's groups were all sampled under theta: nothing moves it while they wait.
         grad_L, _ = grpo_policy_gradient(
             theta_L,
@@ -270,9 +281,7 @@ def make_simulator(
         )
         # A partial buffer's empty groups have no rollouts: as the trainer's loss normaliser
         # counts the filled groups' tokens only, the mean is over the filled groups' slots.
-        grad_L = grad_L * (num_prompts / jnp.maximum(jnp.sum(filled_N), 1))
-        after = jax.tree.map(lambda e, b: jnp.where(info.ready, e, b), emptied, buffer)
-        return grad_L, info.ready, after
+        return grad_L * (num_prompts / jnp.maximum(jnp.sum(filtered.filled), 1))
 
     def run_seed(flags: MethodFlags, key: jax.Array) -> SimOutput:
         pool_key, heldout_key, shuffle_key, run_key = jax.random.split(key, 4)
@@ -286,55 +295,39 @@ def make_simulator(
                 num_levels, config.init_logit_first, config.init_logit_slope
             )
 
-        def init_part(part: str) -> Any:
-            if DECISION_OF_PART[part] == "group_filter":  # a buffer shaped by example groups
-                return built[part].init(
-                    BufferedGroups(
-                        success=jnp.zeros((num_prompts, config.n_mean), bool),
-                        level=jnp.zeros((num_prompts,), jnp.int32),
-                        offset=jnp.zeros((num_prompts,), jnp.float32),
-                    )
-                )
-            return built[part].init()
-
+        example_groups = None
+        if group_filters:  # a buffer shaped by one round's groups
+            example_groups = BufferedGroups(
+                success=jnp.zeros((num_prompts, config.n_mean), bool),
+                level=jnp.zeros((num_prompts,), jnp.int32),
+                offset=jnp.zeros((num_prompts,), jnp.float32),
+            )
         state = SimState(
             theta=theta_L,
             opt_state=optimizer.init(theta_L),
-            classifier=classifier.init(),
-            parts={part: init_part(part) for part in parts},
+            controllers=decisions.init(example_groups),
         )
 
         def step(state: SimState, inputs: tuple[jax.Array, jax.Array]):
             step_index, step_key = inputs
             allocate_key, rollout_key = jax.random.split(step_key)
-            ids_N = batch_ids(order_ED, step_index)
-            for part, sampler in samplers.items():
-                # A key folded from the step's: the other keys stay those of the GDRO program.
-                sampler_key = jax.random.fold_in(step_key, part_index("prompt_sampler", part))
-                drawn = sampler.draw(state.parts[part], num_prompts, sampler_key)
-                ids_N = jnp.where(applies(flags, part), drawn.prompt_ids, ids_N)
+            applied_parts = applied(flags)
+            # Plan from history up to t-1 (SPEC 3, timing). A batch's draw (a prompt sampler's,
+            # or Prompt-GDRO's resample) takes a key folded from the step's, so the other keys
+            # stay those of the GDRO program.
+            keys = PlanKeys(draw=jax.random.fold_in(step_key, 1), allocate=allocate_key)
+            plan = decisions.plan(
+                state.controllers, batch_ids(order_ED, step_index), keys, applied=applied_parts
+            )
+            ids_N, bins_N, n_N = plan.prompt_ids, plan.bins, plan.num_rollouts
             level_N, offset_N = pool.level_P[ids_N], pool.offset_P[ids_N]
-
-            # Plan from history up to t-1 (SPEC 3, timing).
-            bins_N = classifier.bins(state.classifier, ids_N)
-            p_hat_N = classifier.p_hat(state.classifier, ids_N)
-            n_N = jnp.full((num_prompts,), config.n_mean, jnp.int32)
-            allocation_info = {}
-            for part, allocation in allocations.items():
-                counts_N, allocation_info[part] = allocation.allocate(
-                    state.parts[part], bins_N, p_hat_N, allocate_key, prompt_ids=ids_N
-                )
-                n_N = jnp.where(applies(flags, part), counts_N, n_N)
-            info = allocation_info["rollout_gdro"]
+            # What every method logs: what the GDRO parts would play on this batch.
+            q_B = plan.reports["prompt_gdro"]["bin/q"]
+            allocation = plan.reports["rollout_gdro"]
             count_B = per_group(jnp.ones_like(bins_N), bins_N, num_bins)
-            q_B = prompt_adversary.distribution(state.parts["prompt_gdro"], count_B > 0)
-            weight_N = jnp.ones((num_prompts,), jnp.float32)
-            for part, adversary in adversaries.items():
-                weights_N = adversary.weights(state.parts[part], bins_N, num_rollouts=n_N)
-                weight_N = jnp.where(applies(flags, part), weights_N, weight_N)
 
             # Roll out R Bernoulli samples and take the exact GRPO step.
-            slot_R = slots_from_counts(n_N, num_slots)
+            slot_R = plan.prompt_of_slot
             p_N = success_prob(state.theta, level_N, offset_N)
             success_R = jax.random.uniform(rollout_key, (num_slots,)) < p_N[slot_R]
             grad_L, stats = grpo_policy_gradient(
@@ -343,21 +336,22 @@ def make_simulator(
                 offset_N,
                 slot_R,
                 success_R,
-                weight_N,
+                plan.advantage_weights,
                 **gradient_options,
             )
+            controllers_state = state.controllers
             updated = jnp.asarray(True)
-            part_states = {}
-            for part, group_filter in group_filters.items():
+            if group_filters:
                 # The round's groups are N x n_mean slots: a group filter allocates nothing.
                 success_NG = success_R.reshape(num_prompts, config.n_mean)
                 reward_NG = jnp.where(success_NG, config.reward_correct, config.reward_wrong)
                 groups = BufferedGroups(success_NG, level_N, offset_N)
-                buffered_grad_L, ready, part_states[part] = filter_round(
-                    group_filter, state.parts[part], state.theta, groups, reward_NG
+                controllers_state, filtered = decisions.filter(
+                    controllers_state, groups, reward_NG, applied=applied_parts
                 )
-                grad_L = jnp.where(applies(flags, part), buffered_grad_L, grad_L)
-                updated = jnp.where(applies(flags, part), ready, updated)
+                buffered_L = buffered_gradient(state.theta, filtered)
+                grad_L = jnp.where(filtered.active, buffered_L, grad_L)
+                updated = filtered.ready
             updates_L, opt_state = optimizer.update(-grad_L, state.opt_state, state.theta)
             theta_L = optax.apply_updates(state.theta, updates_L)
             if group_filters:
@@ -378,30 +372,24 @@ def make_simulator(
                 mask_RT=mask_R1,
                 correct_R=success_R,
             )
-            classifier_state = classifier.update(
-                state.classifier, ids_N, num_correct=stats.num_correct_N, num_rollouts=n_N
+            controllers_state = decisions.update(
+                controllers_state,
+                plan,
+                ids_N,
+                num_correct=stats.num_correct_N,
+                losses=losses_N,
             )
-            visits = dict(prompt_ids=ids_N, num_correct=stats.num_correct_N, num_rollouts=n_N)
-            for part, sampler in samplers.items():
-                part_states[part] = sampler.update(state.parts[part], **visits)
-            for part, adversary in adversaries.items():
-                part_states[part] = adversary.update(state.parts[part], bins_N, losses=losses_N)
-            p_hat_after_N = classifier.p_hat(classifier_state, ids_N)
-            for part, allocation in allocations.items():
-                part_states[part] = allocation.update(
-                    state.parts[part], bins_N, p_hat=p_hat_after_N, losses=losses_N, **visits
-                )
 
             pass1_L, pass_k_L = evaluate(state.theta, heldout)
             share_B = count_B / num_prompts
             record = StepRecord(
                 q=q_B,
-                scores=state.parts["prompt_gdro"].scores,
-                variance=info.variance_per_bin,
+                scores=plan.reports["prompt_gdro"]["bin/score"],
+                variance=allocation["bin/variance"],
                 bin_count=count_B,
                 rollouts_per_bin=per_group(n_N, bins_N, num_bins),
                 rollouts_per_level=per_group(n_N, level_N - 1, num_levels),
-                mu=info.mu,
+                mu=allocation["mu"],
                 lead_lag_gap=jnp.sum(bin_index_B * (q_B - share_B)),
                 mean_reward=jnp.mean(
                     jnp.where(success_R, config.reward_correct, config.reward_wrong)
@@ -417,8 +405,7 @@ def make_simulator(
                 theta=state.theta,
                 updated=updated,
             )
-            new_state = SimState(theta_L, opt_state, classifier_state, part_states)
-            return new_state, record
+            return SimState(theta_L, opt_state, controllers_state), record
 
         inputs = (
             jnp.arange(config.steps, dtype=jnp.int32),
@@ -450,6 +437,8 @@ def make_simulator(
         config=config,
         num_bins=num_bins,
         parts=parts,
+        decisions=decisions,
+        applied=applied,
     )
 
 

@@ -20,8 +20,8 @@ class NonFiniteStepsError(RuntimeError):
 def keep_if_finite(
     state: TrainState, candidate: TrainState, finite: jax.Array, key: jax.Array
 ) -> TrainState:
-    """The guard: `candidate`'s params, optimizer, controllers and group buffer if `finite`,
-    else `state`'s.
+    """The guard: `candidate`'s params, optimizer and controllers (a group filter's buffer with
+    them) if `finite`, else `state`'s.
 
     A step with a non-finite loss, gradient or reward is skipped whole and counted; the step
     counter and the key still advance so the next step samples afresh.
@@ -34,7 +34,6 @@ def keep_if_finite(
         params=pick(candidate.params, state.params),
         opt_state=pick(candidate.opt_state, state.opt_state),
         gdro=pick(candidate.gdro, state.gdro),
-        buffer=pick(candidate.buffer, state.buffer),
         key=key,
         step=state.step + 1,
         skipped_steps=state.skipped_steps + (~finite).astype(jnp.int32),

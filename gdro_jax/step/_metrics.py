@@ -15,9 +15,8 @@ import jax
 import jax.numpy as jnp
 
 from gdro_jax import losses
-from gdro_jax.controllers import Plan, PromptGDRO
+from gdro_jax.controllers import Plan
 from gdro_jax.step._engines import Rollouts
-from gdro_jax.step._state import TrainState
 
 
 def _per_bin(values_N: jax.Array, bins_N: jax.Array, num_bins: int) -> jax.Array:
@@ -25,7 +24,6 @@ def _per_bin(values_N: jax.Array, bins_N: jax.Array, num_bins: int) -> jax.Array
 
 
 def step_metrics(
-    state: TrainState,
     plan: Plan,
     rollouts: Rollouts,
     adv_R: jax.Array,
@@ -33,9 +31,16 @@ def step_metrics(
     signal_N: jax.Array,
     *,
     num_bins: int,
-    prompt_adversary: PromptGDRO | None,
 ) -> dict[str, jax.Array]:
-    """The curriculum made visible (SPEC section 10): per-bin arrays and scalars of one step."""
+    """The curriculum made visible (SPEC section 10): per-bin arrays and scalars of one step.
+
+    What the method's parts report at planning (`plan.reports`: a prompt adversary's `bin/q`
+    and `bin/score`, an allocation's `mu`, ...) is logged under its own names; without a prompt
+    adversary, `bin/q` is uniform over the batch's bins and `bin/score` zero.
+    """
+    reported = {}
+    for report in (plan.reports or {}).values():
+        reported.update(report)
     num_prompts = plan.bins.shape[0]
     bins, n_N = plan.bins, plan.num_rollouts.astype(jnp.float32)
     slot_bins = bins[plan.prompt_of_slot]
@@ -49,12 +54,10 @@ def step_metrics(
     reward_std_B = jnp.sqrt(jnp.maximum(reward_sq_B - reward_mean_B**2, 0.0))
     present_B = prompts_B > 0
     share_B = prompts_B / num_prompts
-    if prompt_adversary is not None:
-        q_B = prompt_adversary.distribution(state.gdro.prompt, present_B)
-        scores_B = state.gdro.prompt.scores
-    else:
+    q_B = reported.get("bin/q")
+    if q_B is None:
         q_B = jnp.where(present_B, 1.0 / jnp.maximum(present_B.sum(), 1), 0.0)
-        scores_B = jnp.zeros((num_bins,))
+    scores_B = reported.get("bin/score", jnp.zeros((num_bins,)))
     # Advantage-weight mass of each bin over the batch's responses, against the bin's share.
     mass_B = _per_bin(n_N * plan.advantage_weights, bins, num_bins)
     weight_share_B = mass_B / jnp.maximum(mass_B.sum(), 1e-12)
@@ -101,6 +104,7 @@ def step_metrics(
         "prompt/rollouts": plan.num_rollouts,
         "prompt/p_hat": plan.p_hat,
     }
+    metrics.update({name: value for name, value in reported.items() if name not in metrics})
     if plan.estimate is not None:  # the method's own success-rate estimate, beside p_hat
         metrics["prompt/estimate"] = plan.estimate
     return metrics

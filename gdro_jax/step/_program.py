@@ -143,7 +143,6 @@ class StepProgram:
             self.decisions,
             seed=self.seed,
             with_reference=self.with_reference,
-            group_filter=self.decisions.group_filter,
             example_groups=self.example_groups(),
         )
         if graphdef != self.graphdef:
@@ -165,20 +164,16 @@ class StepProgram:
             jax.eval_shape(self.tx.init, params),
             optimizer_shardings(self.tx, params, replicated),
         )
-        group_filter = self.decisions.group_filter
         int32 = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
         return TrainState(
             params=params,
             opt_state=opt_state,
-            gdro=placed(jax.eval_shape(self.decisions.init)),
+            gdro=placed(jax.eval_shape(self.decisions.init, self.example_groups())),
             key=placed(jax.eval_shape(lambda: jax.random.key(0))),
             step=int32,
             ref_params=params if self.with_reference else None,
             skipped_steps=int32,
             consecutive_skips=int32,
-            buffer=None
-            if group_filter is None
-            else placed(jax.eval_shape(group_filter.init, self.example_groups())),
         )
 
     # --- the phases ---------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from gdro_jax.controllers import DynamicSampling, DynamicSamplingState, GDROState, MultiAdversary
+from gdro_jax.controllers import GDROState, MultiAdversary
 from gdro_jax.models import Decoder
 from gdro_jax.runtime import replicate
 
@@ -26,14 +26,13 @@ class TrainState(NamedTuple):
 
     params: nnx.State  # the policy's parameters (nnx.Param leaves), sharded on fsdp/tensor
     opt_state: optax.OptState  # sharded like params
-    gdro: GDROState  # classifier, Prompt-GDRO and Rollout-GDRO states, replicated
+    # The controllers' states (classifier, the method's parts, a group filter's buffer), replicated.
+    gdro: GDROState
     key: jax.Array  # [] PRNG key, replicated
     step: jax.Array  # [] int32 number of completed RL steps (skipped ones included)
     ref_params: nnx.State | None  # frozen reference policy for the KL term; None when beta = 0
     skipped_steps: jax.Array  # [] int32 steps skipped for a non-finite loss or gradient
     consecutive_skips: jax.Array  # [] int32 skipped steps in a row, up to this one
-    # A group filter's buffer of kept groups (DAPO dynamic sampling), replicated; None: no filter.
-    buffer: DynamicSamplingState | None = None
 
 
 def init_train_state(
@@ -43,7 +42,6 @@ def init_train_state(
     *,
     seed: int,
     with_reference: bool = False,
-    group_filter: DynamicSampling | None = None,
     example_groups=None,
 ) -> tuple[nnx.GraphDef, TrainState]:
     """Splits `model` into its static graph and a `TrainState` around its parameters.
@@ -55,8 +53,8 @@ def init_train_state(
       seed: seed of the run's PRNG key.
       with_reference: keep a frozen copy of the initial parameters as the KL reference. Off when
         the KL coefficient is 0, so no reference model is built or run (SPEC section 2).
-      group_filter: a group filter (`controllers.dynamic_sampling`) whose buffer the state
-        carries, shaped like `example_groups` (`step.rollout_groups`); None: no buffer.
+      example_groups: one round's groups (`step.rollout_groups`), which shape a group filter's
+        buffer in `state.gdro`; needed when `gdro` has a group filter.
 
     Returns:
       `(graphdef, state)`; `nnx.merge(graphdef, state.params)` rebuilds the model.
@@ -67,13 +65,12 @@ def init_train_state(
     state = TrainState(
         params=params,
         opt_state=opt_state,
-        gdro=gdro.init(),
+        gdro=gdro.init(example_groups),
         key=jax.random.key(seed),
         step=jnp.zeros((), jnp.int32),
         ref_params=reference,
         skipped_steps=jnp.zeros((), jnp.int32),
         consecutive_skips=jnp.zeros((), jnp.int32),
-        buffer=None if group_filter is None else group_filter.init(example_groups),
     )
     if model.mesh is None:
         # Commit every leaf to the device, as the update's outputs are: a jitted function sees
@@ -86,7 +83,6 @@ def init_train_state(
             step=replicate(state.step, model.mesh),
             skipped_steps=replicate(state.skipped_steps, model.mesh),
             consecutive_skips=replicate(state.consecutive_skips, model.mesh),
-            buffer=None if state.buffer is None else replicate(state.buffer, model.mesh),
         )
     return graphdef, state
 

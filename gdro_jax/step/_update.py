@@ -278,17 +278,18 @@ def make_update(
     and the three controller transitions -> the finite-or-keep guard (`keep_if_finite`) -> the
     SPEC 10 metrics (`step_metrics`).
 
-    With a `group_filter` (DAPO's dynamic sampling) a step is one round: its groups with a
-    signal join `state.buffer`, and the optimizer steps run (a `lax.cond`) only when the buffer
-    is ready, on the buffer's N groups, which were all sampled under the current parameters
-    (nothing updates them while the buffer fills). The controllers learn from every round.
+    With a `group_filter` (DAPO's dynamic sampling) a step is one round: `gdro.filter` puts its
+    groups with a signal into the buffer (in `state.gdro`), and the optimizer steps run (a
+    `lax.cond`) only when the buffer is ready, on the buffer's N groups, which were all sampled
+    under the current parameters (nothing updates them while the buffer fills). The controllers
+    learn from every round.
 
     Args:
       graphdef: the policy's static graph.
       tx: the optimizer.
-      gdro: the method's composed decisions: its prompt adversary's `q` and scores are logged,
-        and its group filter's buffer is `state.buffer` (`n_mean` rollouts per prompt, no prompt
-        weights).
+      gdro: the method's composed decisions (one part per decision): what each part reports
+        (`Plan.reports`, `Filtered.reports`) is logged, and a group filter's round is
+        `gdro.filter` (`n_mean` rollouts per prompt, no prompt weights).
       config: GRPO hyperparameters.
       num_prompts: N, prompts per step.
       mismatch_cap: for an engine with log-probs of its own (`Rollouts.engine_logprobs`, vLLM):
@@ -301,11 +302,7 @@ def make_update(
     Returns:
       The update function. `StepProgram.update` jits it with the state donated.
     """
-    num_bins, prompt_adversary, group_filter = (
-        gdro.num_bins,
-        gdro.prompt_adversary,
-        gdro.group_filter,
-    )
+    num_bins, group_filter = gdro.num_bins, gdro.group_filter
     if correct_mismatch and mismatch_cap is None:
         raise ValueError("correct_mismatch needs mismatch_cap, the truncation C of the weights")
     num_slots = num_prompts * gdro.n_mean
@@ -361,14 +358,12 @@ def make_update(
         return params, opt_state, mb_metrics, logp_RM, ref_RM
 
     def filtered_optimize(state: TrainState, plan: Plan, rollouts: Rollouts, perm_key):
-        """A round of dynamic sampling: its signal groups into the buffer, the optimizer steps
-        on the buffer when it is ready (else the parameters stay)."""
+        """A round of the group filter (`gdro.filter`): its signal groups into the buffer, the
+        optimizer steps on the buffer when it is ready (else the parameters stay)."""
         groups = jax.tree.map(lambda x: x.reshape(num_prompts, gdro.n_mean, *x.shape[1:]), rollouts)
-        keep_N = group_filter.keep(groups.rewards)
-        buffer, info = group_filter.add(state.buffer, groups, keep=keep_N)
+        gdro_state, filtered = gdro.filter(state.gdro, groups, groups.rewards)
 
-        def take_and_step(buffer):
-            held, _, emptied = group_filter.take(buffer)
+        def take_and_step(held):
             held = jax.tree.map(lambda x: x.reshape(num_slots, *x.shape[2:]), held)
             ones_N = jnp.ones((num_prompts,), jnp.float32)
             held_adv_R = _advantages(held, plan.prompt_of_slot, config, num_prompts)
@@ -376,41 +371,35 @@ def make_update(
                 state, held, _completion_mask(held), held_adv_R, plan.prompt_of_slot, ones_N,
                 perm_key,
             )  # fmt: skip
-            return params, opt_state, mb_metrics, emptied
+            return params, opt_state, mb_metrics
 
-        def wait(buffer):
-            shapes = jax.eval_shape(take_and_step, buffer)[2]
+        def wait(held):
+            shapes = jax.eval_shape(take_and_step, held)[2]
             zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
-            return state.params, state.opt_state, zeros, buffer
+            return state.params, state.opt_state, zeros
 
-        params, opt_state, mb_metrics, buffer = jax.lax.cond(
-            info.ready, take_and_step, wait, buffer
+        params, opt_state, mb_metrics = jax.lax.cond(
+            filtered.ready, take_and_step, wait, filtered.groups
         )
-        metrics = {
-            "filter/updated": info.ready.astype(jnp.int32),
-            "filter/partial": info.partial.astype(jnp.int32),
-            "filter/rounds": info.rounds,
-            "filter/kept_fraction": jnp.mean(info.kept.astype(jnp.float32)),
-            "filter/signal_fraction": jnp.mean(info.signal.astype(jnp.float32)),
-            "filter/buffered": buffer.count,
-            "filter/updates": buffer.updates,
-            "prompt/kept": info.kept.astype(jnp.int32),
-        }
+        metrics = {}
+        for report in filtered.reports.values():
+            metrics.update(report)
         # The adversaries' signal of this round's groups, under the parameters that sampled them.
-        return params, opt_state, mb_metrics, rollouts.logprobs, rollouts.logprobs, buffer, metrics
+        logp = rollouts.logprobs
+        return params, opt_state, mb_metrics, logp, logp, gdro_state, metrics
 
     def update(state: TrainState, plan: Plan, prompt_ids: jax.Array, rollouts: Rollouts):
         key, perm_key = jax.random.split(state.key)
         prompt_of_slot = plan.prompt_of_slot
         mask_RM = _completion_mask(rollouts)
         adv_R = _advantages(rollouts, prompt_of_slot, config, num_prompts)
-        buffer, filter_metrics = state.buffer, {}
+        gdro_state, filter_metrics = state.gdro, {}
         if group_filter is None:
             params, opt_state, mb_metrics, logp_RM, ref_RM = optimize(
                 state, rollouts, mask_RM, adv_R, prompt_of_slot, plan.advantage_weights, perm_key
             )
         else:
-            params, opt_state, mb_metrics, logp_RM, ref_RM, buffer, filter_metrics = (
+            params, opt_state, mb_metrics, logp_RM, ref_RM, gdro_state, filter_metrics = (
                 filtered_optimize(state, plan, rollouts, perm_key)
             )
         signal_N = losses.prompt_loss_signal(
@@ -431,7 +420,7 @@ def make_update(
             rollouts.correct.astype(jnp.int32), prompt_of_slot, num_segments=num_prompts
         )
         gdro_state = gdro.update(
-            state.gdro, plan, prompt_ids, num_correct=num_correct_N, losses=signal_N
+            gdro_state, plan, prompt_ids, num_correct=num_correct_N, losses=signal_N
         )
         # Non-finite rewards count too: group statistics would silently zero their advantages.
         finite = (
@@ -439,9 +428,7 @@ def make_update(
             & jnp.all(jnp.isfinite(mb_metrics["grad_norm"]))
             & jnp.all(jnp.isfinite(rollouts.rewards))
         )
-        candidate = state._replace(
-            params=params, opt_state=opt_state, gdro=gdro_state, buffer=buffer
-        )
+        candidate = state._replace(params=params, opt_state=opt_state, gdro=gdro_state)
         new_state = keep_if_finite(state, candidate, finite, key)
         metrics = {name: jnp.mean(value) for name, value in mb_metrics.items()}
         metrics.update(
@@ -451,14 +438,12 @@ def make_update(
         )
         metrics.update(
             step_metrics(
-                state,
                 plan,
                 rollouts,
                 adv_R,
                 mask_RM,
                 signal_N,
                 num_bins=num_bins,
-                prompt_adversary=prompt_adversary,
             )
         )
         metrics.update(filter_metrics)

@@ -48,8 +48,10 @@ def _prompt_step(adversary, state, key):
     ids, num_rollouts, _, losses = _batch(key)
     bins = ids % NUM_BINS
     weights = adversary.weights(state, bins, num_rollouts=num_rollouts)
-    q = adversary.distribution(state, jnp.arange(NUM_BINS) < 7)
-    return adversary.update(state, bins, losses=losses), (weights, q)
+    present = jnp.arange(NUM_BINS) < 7
+    q = adversary.distribution(state, present)
+    metrics = adversary.metrics(state, present)
+    return adversary.update(state, bins, losses=losses), (weights, q, metrics)
 
 
 def _allocation_step(allocator, state, key):
@@ -68,7 +70,7 @@ def _allocation_step(allocator, state, key):
         num_rollouts=n,
         prompt_ids=ids,
     )
-    return new_state, (n, info.mu, info.success_rate)
+    return new_state, (n, info.mu, info.success_rate, allocator.metrics(info))
 
 
 def _sampler_step(sampler, state, key):
@@ -83,7 +85,7 @@ def _sampler_step(sampler, state, key):
         num_correct=num_correct[:4],
         num_rollouts=num_rollouts[:4],
     )
-    return new_state, (draw.prompt_ids, draw.sampled_rate)
+    return new_state, (draw.prompt_ids, draw.sampled_rate, sampler.metrics(draw))
 
 
 def _filter_step(filter_, state, key):
@@ -93,7 +95,7 @@ def _filter_step(filter_, state, key):
     state, info = filter_.add(state, groups, keep=filter_.keep(rewards))
     taken, filled, emptied = filter_.take(state)
     state = jax.tree.map(lambda a, b: jnp.where(info.ready, a, b), emptied, state)
-    return state, (info.kept, info.ready, filled, taken["ids"])
+    return state, (info.kept, info.ready, filled, taken["ids"], filter_.metrics(state, info))
 
 
 def _multi_step(multi, state, key):
@@ -189,6 +191,22 @@ def test_every_decision_has_a_driver_and_every_part_its_protocol():
     for _, decision, name, kwargs in part_cases():
         part = build_part(decision, name, **kwargs)
         assert isinstance(part, controllers.PROTOCOLS[decision]), (decision, name)
+
+
+@pytest.mark.parametrize("case", [case for case, *_ in part_cases()])
+def test_every_part_reports_named_metrics_of_fixed_shapes(case):
+    """What a part reports through its protocol's `metrics` (the last output of its driver): a
+    scalar, one value per bin (`bin/...`) or per prompt of the batch (`prompt/...`), finite."""
+    init, step = _make(case)
+    _, outputs = step(init(), jax.random.key(0))
+    metrics = outputs[-1]
+    assert isinstance(metrics, dict) and metrics, case
+    batch = 4 if case.startswith("prompt_sampler") else BATCH
+    for name, value in metrics.items():
+        value = np.asarray(value)
+        want = {"bin": (NUM_BINS,), "prompt": (batch,)}.get(name.split("/")[0], ())
+        assert value.shape == want, (case, name, value.shape)
+        assert np.all(np.isfinite(value)), (case, name)
 
 
 @pytest.fixture(scope="module", params=NAMES)

@@ -137,12 +137,6 @@ def test_a_bad_rival_block_is_named_when_its_part_is_compiled_in(block, value, f
     assert sim.make_simulator(config).parts == sim.GDRO_PARTS
 
 
-def test_a_prompt_adversary_that_resamples_the_batch_is_refused_by_name():
-    config = sim.SimConfig(prompt_gdro=dict(realisation="resample"))
-    with pytest.raises(ValueError, match="prompt_gdro.realisation must be 'reweight'"):
-        sim.make_simulator(config)
-
-
 def test_the_experiment_configs_rival_blocks_are_the_trainers_defaults():
     # The trainer's config schema reads each part's defaults off its factory: so does this test.
     config = sim_default.get_config()

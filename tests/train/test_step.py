@@ -274,7 +274,7 @@ def test_dynamic_sampling_updates_only_on_a_full_buffer_of_groups_with_a_signal(
         np.testing.assert_allclose(row["filter/kept_fraction"], kept.mean())
         held = 0 if row["filter/updated"] else held + kept.sum()
         assert int(row["filter/buffered"]) == held
-    assert int(state.buffer.updates) == sum(updated)
+    assert int(state.gdro.filter.updates) == sum(updated)
     # Adam's step count: num_minibatches optimizer steps per update, none on the other rounds.
     counts = {int(leaf) for leaf in jax.tree.leaves(state.opt_state) if leaf.ndim == 0}
     assert counts == {sum(updated) * config.grpo.num_minibatches}

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from gdro_jax import controllers
-from gdro_jax.step import Rollouts, TrainState, step_metrics
+from gdro_jax.step import Rollouts, step_metrics
 
 NUM_BINS = 5
 BINS = np.array([0, 3, 3, 4])
@@ -29,6 +29,14 @@ def _inputs(with_prompt_adversary):
     rng = np.random.default_rng(0)
     valid = np.arange(MAX_NEW_TOKENS)[None] < LENGTHS[:, None]
     logprobs = np.where(valid, -rng.uniform(0.1, 3.0, size=valid.shape), -50.0)
+    reports = {}
+    if with_prompt_adversary:  # what the adversary reports at planning, as the plan holds it
+        adversary = controllers.prompt_gdro(NUM_BINS, eta=ETA, gamma=GAMMA, clip=CLIP)
+        prompt_state = adversary.init()._replace(
+            scores=jnp.asarray(SCORES, jnp.float32), seen=jnp.ones((NUM_BINS,), bool)
+        )
+        present = np.isin(np.arange(NUM_BINS), BINS)
+        reports["prompt_adversary"] = adversary.metrics(prompt_state, jnp.asarray(present))
     plan = controllers.Plan(
         bins=jnp.asarray(BINS, jnp.int32),
         p_hat=jnp.zeros((len(BINS),), jnp.float32),
@@ -36,6 +44,7 @@ def _inputs(with_prompt_adversary):
         prompt_of_slot=jnp.asarray(PROMPT_OF_SLOT, jnp.int32),
         advantage_weights=jnp.asarray(WEIGHTS, jnp.float32),
         mu=jnp.asarray(MU, jnp.float32),
+        reports=reports,
     )
     rollouts = Rollouts(
         prompt_tokens=jnp.ones((len(REWARDS), 2), jnp.int32),
@@ -47,24 +56,13 @@ def _inputs(with_prompt_adversary):
         correct=jnp.asarray(REWARDS > 0),
         engine_logprobs=jnp.asarray(logprobs, jnp.float32),
     )
-    adversary = None
-    prompt_state = None
-    if with_prompt_adversary:
-        adversary = controllers.prompt_gdro(NUM_BINS, eta=ETA, gamma=GAMMA, clip=CLIP)
-        prompt_state = adversary.init()._replace(
-            scores=jnp.asarray(SCORES, jnp.float32), seen=jnp.ones((NUM_BINS,), bool)
-        )
-    gdro = controllers.GDROState(classifier=None, prompt=prompt_state, rollout=None)
-    state = TrainState(**dict.fromkeys(TrainState._fields))._replace(gdro=gdro)
     metrics = step_metrics(
-        state,
         plan,
         rollouts,
         jnp.zeros((len(REWARDS),)),
         jnp.asarray(valid),
         jnp.zeros((len(BINS),)),
         num_bins=NUM_BINS,
-        prompt_adversary=adversary,
     )
     return {name: np.asarray(value) for name, value in metrics.items()}, logprobs, valid
 
