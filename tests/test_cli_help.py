@@ -102,11 +102,12 @@ def _packed(lines):
 def test_train_help_lists_every_field_of_tiny_cpu_with_its_default_in_a_screenful():
     text = _help("train", "--config=experiments/configs/tiny_cpu.py")
     lines = text.splitlines()
-    assert len(lines) <= 124  # one line a field: 122 with grpo.pack_sequences, model.attention
+    # One line a field: 122 with grpo.pack_sequences, model.attention; 125 with the vip block.
+    assert len(lines) <= 126
     assert "the defaults of experiments/configs/tiny_cpu.py" in text
     packed = _packed(lines)
     # tiny_cpu runs GRPO on the chain task with the kv_cache engine
-    assert {"knapsack", "mopps", "math", "rollout.vllm"} <= set(packed)
+    assert {"knapsack", "vip", "mopps", "math", "rollout.vllm"} <= set(packed)
     described, block = set(), ""
     for line in lines[lines.index(next(x for x in lines if x.startswith("config fields"))) + 1 :]:
         if re.match(r"^  \w+:$", line):

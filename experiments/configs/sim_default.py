@@ -54,6 +54,6 @@ def get_config() -> ml_collections.ConfigDict:
     # blocks, read off the same factories as the trainer's; the simulator sets num_prompts (the
     # pool's D), n_mean and num_groups (N).
     run = configs.run_config()
-    for block in ("knapsack", "mopps", "dynamic_sampling"):
+    for block in ("knapsack", "vip", "mopps", "dynamic_sampling"):
         config[block] = run[block]
     return config

@@ -21,6 +21,7 @@ from gdro_jax.configs._parts import (
     policy_overrides,
     run_mesh,
     step_program,
+    takes_prompt_features,
 )
 from gdro_jax.configs._resumable import (
     RESUMABLE_FIELDS,
@@ -76,6 +77,7 @@ __all__ = [
     "OptimizerConfig",
     "RunSettings",
     "build_controllers",
+    "takes_prompt_features",
     "canonical",
     "chain_task_config",
     "check_known",

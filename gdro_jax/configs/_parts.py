@@ -72,12 +72,17 @@ def _block(block) -> dict[str, Any]:
 
 
 def _part(
-    decision: str, name: str, settings: ControllerSettings, num_bins: int, num_dataset_prompts: int
+    decision: str,
+    name: str,
+    settings: ControllerSettings,
+    num_bins: int,
+    num_dataset_prompts: int,
+    prompt_features,
 ):
     """A method's part from its block, with the run-level arguments its factory takes
     (`num_prompts`: the dataset's prompts a part keeps a history of; `num_bins`; `n_mean`;
     `reward_values`: the Bernoulli proxies scale with the reward's range; `num_groups`: a group
-    filter's, the step's N)."""
+    filter's, the step's N; `prompt_features`: the task's features of its prompts)."""
     factory = controllers.PARTS[decision][name]
     run_level = {
         "num_prompts": num_dataset_prompts,
@@ -85,6 +90,7 @@ def _part(
         "n_mean": settings.n_mean,
         "reward_values": settings.reward_values,
         "num_groups": settings.num_prompts,
+        "prompt_features": prompt_features,
     }
     assert tuple(run_level) == RUN_LEVEL_ARGUMENTS  # the schema leaves these out of the blocks
     accepted = inspect.signature(factory).parameters
@@ -92,8 +98,19 @@ def _part(
     return _named(name, factory, **given, **settings.parts[name])
 
 
+def takes_prompt_features(method: controllers.Method) -> bool:
+    """Whether a part of `method` predicts from the task's features of its prompts (VIP)."""
+    for decision, name in method.parts().items():
+        factory = controllers.PARTS[decision][name]
+        if "prompt_features" in inspect.signature(factory).parameters:
+            return True
+    return False
+
+
 def build_controllers(
-    settings: ControllerSettings | Mapping[str, Any], num_dataset_prompts: int
+    settings: ControllerSettings | Mapping[str, Any],
+    num_dataset_prompts: int,
+    prompt_features=None,
 ) -> controllers.MultiAdversary:
     """The classifier and the parts `config.method`'s record names, composed.
 
@@ -105,6 +122,8 @@ def build_controllers(
       settings: the run's `ControllerSettings` (`RunSettings.controllers`), or a run config
         (`method`, `n_mean`, `num_prompts`, `reward_values`, `classifier` and each part's block).
       num_dataset_prompts: D, the prompts the classifier tracks.
+      prompt_features: float[D, F] the task's features of its prompts
+        (`tasks.prompt_features`), for a part that predicts from them (VIP); None: none.
 
     Returns:
       The composed decisions (`MultiAdversary`): its `prompt_adversary` is the part whose
@@ -121,7 +140,9 @@ def build_controllers(
         "classifier", controllers.passk_classifier, num_dataset_prompts, **settings.classifier
     )
     parts = {
-        decision: _part(decision, name, settings, classifier.num_bins, num_dataset_prompts)
+        decision: _part(
+            decision, name, settings, classifier.num_bins, num_dataset_prompts, prompt_features
+        )
         for decision, name in settings.method.parts().items()
     }
     try:
@@ -264,6 +285,7 @@ def step_program(
     num_dataset_prompts: int,
     eos_ids: tuple[int, ...],
     external_engine: bool = False,
+    prompt_features=None,
 ) -> step.StepProgram:
     """The run's step (`step.StepProgram`) from its settings: what `train.build_run` runs and
     `planner` plans, built by this one function for both.
@@ -278,11 +300,14 @@ def step_program(
       eos_ids: the task's stop ids.
       external_engine: an engine passed to `build_run` samples (also set when
         `config.rollout.engine` is not the built-in kv_cache).
+      prompt_features: the task's features of its D prompts (`tasks.prompt_features`): the
+        decisions are built here with them when a part of the method predicts from them.
     """
     graphdef = nnx.split(models.abstract_decoder(settings.policy, mesh=mesh), nnx.Param)[0]
     decisions = settings.decisions
-    if decisions is None or settings.pool_size != num_dataset_prompts:
-        decisions = build_controllers(settings.controllers, num_dataset_prompts)
+    with_features = prompt_features is not None and takes_prompt_features(settings.method)
+    if decisions is None or settings.pool_size != num_dataset_prompts or with_features:
+        decisions = build_controllers(settings.controllers, num_dataset_prompts, prompt_features)
     return step.StepProgram(
         graphdef=graphdef,
         tx=make_optimizer(settings.optimizer),

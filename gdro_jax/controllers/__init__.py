@@ -10,7 +10,8 @@ and replicated leaves of a sharded train state.
 - `multi_adversary`: threads the classifier and a method's parts through one plan/update pair;
   each part is reached through its decision's `typing.Protocol` (`PromptSampler`,
   `RolloutAllocator`, `PromptAdversary`, `GroupFilter`; `PROTOCOLS` maps decisions to them).
-- The field's rivals at equal compute: `knapsack` (Knapsack-RL's rollouts per prompt), `mopps`
+- The field's rivals at equal compute: `knapsack` (Knapsack-RL's rollouts per prompt), `vip`
+  (VIP's rollouts where they cut the gradient's variance most, from a GP's predictions), `mopps`
   (MoPPS's Thompson-sampled prompts) and `dynamic_sampling` (DAPO's buffer of groups with a
   signal).
 - `METHODS`: the training methods as `Method` records (GRPO, the adversaries, the rivals),
@@ -93,6 +94,7 @@ from gdro_jax.controllers._rollout_gdro import (
     RolloutGDROState,
     rollout_gdro,
 )
+from gdro_jax.controllers._vip import VIP, VIPInfo, VIPState, vip, vip_allocation, vip_objective
 
 __all__ = [
     "Allocation",
@@ -148,4 +150,10 @@ __all__ = [
     "prompt_gdro",
     "rollout_gdro",
     "slots_from_counts",
+    "VIP",
+    "VIPInfo",
+    "VIPState",
+    "vip",
+    "vip_allocation",
+    "vip_objective",
 ]

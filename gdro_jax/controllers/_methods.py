@@ -30,6 +30,7 @@ from gdro_jax.controllers._protocols import (
     RolloutAllocator,
 )
 from gdro_jax.controllers._rollout_gdro import rollout_gdro
+from gdro_jax.controllers._vip import vip
 
 DECISIONS = ("prompt_sampler", "rollout_allocation", "prompt_adversary", "group_filter")
 
@@ -58,15 +59,23 @@ class Method(NamedTuple):
 
 
 # The arguments of a part's factory that the run sets, not the part's config block: D the prompts
-# it keeps a history of, B the classifier's bins, n_mean, the (wrong, correct) rewards, and a
-# group filter's N groups. The trainer's config schema and the simulator's config leave them out.
-RUN_LEVEL_ARGUMENTS = ("num_prompts", "num_bins", "n_mean", "reward_values", "num_groups")
+# it keeps a history of, B the classifier's bins, n_mean, the (wrong, correct) rewards, a group
+# filter's N groups, and the task's features of the D prompts ([D, F], or None: none). The
+# trainer's config schema and the simulator's config leave them out.
+RUN_LEVEL_ARGUMENTS = (
+    "num_prompts",
+    "num_bins",
+    "n_mean",
+    "reward_values",
+    "num_groups",
+    "prompt_features",
+)
 
 # decision -> {part name: factory}. A part's name is its factory's and its config block's; a new
 # part is one module with its factory and one line here.
 PARTS: Mapping[str, dict[str, Callable]] = {
     "prompt_sampler": {"mopps": mopps},
-    "rollout_allocation": {"rollout_gdro": rollout_gdro, "knapsack": knapsack},
+    "rollout_allocation": {"rollout_gdro": rollout_gdro, "knapsack": knapsack, "vip": vip},
     "prompt_adversary": {"prompt_gdro": prompt_gdro},
     "group_filter": {"dynamic_sampling": dynamic_sampling},
 }
@@ -105,6 +114,11 @@ METHODS: Mapping[str, Method] = _registry(
         "knapsack",
         "Knapsack-RL: rollouts per prompt by a knapsack over each prompt's success rate",
         rollout_allocation="knapsack",
+    ),
+    Method(
+        "vip",
+        "VIP: a Gaussian process predicts each prompt's success; rollouts minimise the variance",
+        rollout_allocation="vip",
     ),
     Method(
         "mopps",

@@ -233,19 +233,25 @@ class Planner:
 
 
 def _pool(settings: configs.RunSettings, task: tasks.RLTask | None) -> dict:
-    """The prompt width, pool size and stop ids a step is built for: the task's when built,
-    else the chain task's from the config, or the math task's longest kept prompt."""
+    """The prompt width, pool size, stop ids and prompt features a step is built for: the
+    task's when built, else the chain task's from the config, or the math task's longest kept
+    prompt (whose features, a constant of the step, change no buffer: none)."""
     if task is not None:
         return dict(
             prompt_width=int(task.prompt_tokens.shape[1]),
             num_dataset_prompts=task.num_prompts,
             eos_ids=tuple(task.eos_ids),
+            prompt_features=tasks.prompt_features(task),
         )
     if settings.chain is not None:
+        features = None
+        if configs.takes_prompt_features(settings.method):
+            features = tasks.prompt_features(tasks.chain_task(settings.chain))
         return dict(
             prompt_width=settings.chain.max_prompt_length,
             num_dataset_prompts=settings.chain.pool_size,
             eos_ids=(0,),
+            prompt_features=features,
         )
     # The longest prompt kept; the pool's size only sizes the classifier's few floats.
     return dict(

@@ -22,6 +22,7 @@ METHOD_COLORS = {
     "rollout_gdro": "#2ca02c",
     "gdro_both": "#d62728",
     "knapsack": "#9467bd",
+    "vip": "#e7ba52",
     "mopps": "#8c564b",
     "dynamic_sampling": "#e377c2",
 }

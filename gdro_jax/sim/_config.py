@@ -68,12 +68,16 @@ class SimConfig:
         the released code's signal at ratio 1; it is zero up to rounding, which is the point of
         offering it: see SPEC 4).
       eval_k: k of the exact held-out pass@k.
-      classifier: keyword arguments of `passk_classifier` (not `num_prompts`).
+      classifier: keyword arguments of `passk_classifier` (not `num_prompts`), and `bins_from`
+        (`multi_adversary`'s, as a run config's `classifier.bins_from`).
       prompt_gdro: keyword arguments of `prompt_gdro` (not `num_bins`).
       rollout_gdro: keyword arguments of `rollout_gdro` (not `num_bins`, `n_mean`,
         `reward_values`: those come from the fields above).
       knapsack: keyword arguments of `knapsack` (not `num_prompts`, the pool's D, nor
         `n_mean`); applied by a simulator built with the `knapsack` part.
+      vip: keyword arguments of `vip` (not `num_prompts`, `n_mean` nor `prompt_features`, which
+        are the pool's levels: each prompt's `level / L`, the learner's problem parameter);
+        applied by a simulator built with the `vip` part.
       mopps: keyword arguments of `mopps` (not `num_prompts`, the pool's D); applied by a
         simulator built with the `mopps` part.
       dynamic_sampling: keyword arguments of `dynamic_sampling` (not `num_groups`, which is
@@ -109,6 +113,7 @@ class SimConfig:
     prompt_gdro: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     rollout_gdro: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     knapsack: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    vip: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     mopps: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     dynamic_sampling: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 

@@ -34,6 +34,7 @@ from gdro_jax.controllers import (
     get_method,
 )
 from gdro_jax.sim._config import SimConfig
+from gdro_jax.sim._learner import prompt_levels
 
 
 class MethodFlags(NamedTuple):
@@ -87,6 +88,9 @@ def build_part(config: SimConfig, part: str, num_bins: int) -> Any:
         "n_mean": config.n_mean,
         # The Bernoulli proxies scale with the reward's range, as in the trainer.
         "reward_values": (config.reward_wrong, config.reward_correct),
+        # What a prompt of the pool is known by before any rollout: its level (its offset is
+        # the hidden part of its difficulty), as the chain task's features lead with the level.
+        "prompt_features": prompt_levels(config.pool_counts)[:, None] / config.num_levels,
     }
     assert set(run_level) == set(RUN_LEVEL_ARGUMENTS)
     accepted = inspect.signature(factory).parameters

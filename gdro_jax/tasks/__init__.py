@@ -44,6 +44,7 @@ from gdro_jax.tasks._rl_task import (
     chain_task,
     check_vocab,
     math_task,
+    prompt_features,
 )
 from gdro_jax.tasks._tokenizer import (
     BOS_ID,
@@ -97,6 +98,7 @@ __all__ = [
     "grade_tokens",
     "hf_tokenizer",
     "level_counts",
+    "prompt_features",
     "level_shares",
     "make_problem",
     "math_task",

@@ -228,3 +228,26 @@ def check_vocab(task: RLTask, vocab_size: int) -> None:
             f"the policy's vocab_size={vocab_size} is smaller than the {task.kind} task's "
             f"tokenizer ({task.vocab_size} tokens)"
         )
+
+
+def prompt_features(task: RLTask) -> np.ndarray:
+    """float32[D, F] what is known of each pool prompt before any rollout, for an allocation that
+    predicts a prompt's success rate from its neighbours (`controllers.vip`).
+
+    - Chain task: the problem's parameters, `[level / L, share of +, share of -, share of *]`
+      among its operations (`L` the pool's highest level). The level sets most of a chain's
+      difficulty; the operations' mix tells chains of one level apart.
+    - Math: `[log(prompt tokens) / log(the pool's longest prompt)]`. The math pools carry no
+      difficulty label that every source has (DAPO-Math has none), and an embedding model is not
+      among our dependencies; the prompt's length exists for every row before training, and
+      longer statements tend to be harder problems.
+    """
+    if task.kind == "chain":
+        levels = np.asarray([row["level"] for row in task.rows], np.float32)
+        shares = []
+        for row in task.rows:
+            operations = [c for c in row["prompt"][1:] if c in "+-*"]
+            shares.append([operations.count(op) / max(len(operations), 1) for op in "+-*"])
+        return np.column_stack([levels / levels.max(), np.asarray(shares, np.float32)])
+    lengths = np.log(np.maximum(np.asarray(task.prompt_lengths, np.float32), 1.0))
+    return (lengths / max(float(lengths.max()), 1e-6))[:, None].astype(np.float32)

@@ -42,15 +42,17 @@ def _sim_config(classifier=None, prompt_gdro=None) -> sim.SimConfig:
 
 
 def _trainer(method: str, sim_config: sim.SimConfig) -> controllers.MultiAdversary:
-    """The trainer's composition of `method`, from a run config holding the simulator's blocks."""
+    """The trainer's composition of `method`, from a run config holding the simulator's blocks,
+    over the simulator's features of its pool's prompts (each prompt's level / L)."""
     config = configs.run_config()
     config.method = method
     config.num_prompts = NUM_PROMPTS
     config.n_mean = N_MEAN
     config.reward_values = (sim_config.reward_wrong, sim_config.reward_correct)
-    for block in ("classifier", "prompt_gdro", "rollout_gdro", "knapsack", "mopps"):
+    for block in ("classifier", "prompt_gdro", "rollout_gdro", "knapsack", "vip", "mopps"):
         config[block].update(ml_collections.ConfigDict(dict(getattr(sim_config, block))))
-    return configs.build_controllers(config, POOL)
+    levels = sim.prompt_levels(sim_config.pool_counts)
+    return configs.build_controllers(config, POOL, levels[:, None] / sim_config.num_levels)
 
 
 CASES = {

@@ -12,7 +12,7 @@ from experiments.configs import sim_default
 from gdro_jax import controllers, sim
 
 TINY = sim.SimConfig(steps=4, num_prompts=4, num_levels=3, pool_size=12, heldout_per_level=4)
-RIVALS = ("knapsack", "mopps", "dynamic_sampling")
+RIVALS = ("knapsack", "vip", "mopps", "dynamic_sampling")
 
 
 def test_every_method_is_simulated_and_the_default_methods_are_the_gdro_ones():
@@ -32,6 +32,7 @@ EXPECTED_PARTS = {
     "rollout_gdro": {"rollout_allocation": "rollout_gdro"},
     "gdro_both": {"prompt_adversary": "prompt_gdro", "rollout_allocation": "rollout_gdro"},
     "knapsack": {"rollout_allocation": "knapsack"},
+    "vip": {"rollout_allocation": "vip"},
     "mopps": {"prompt_sampler": "mopps"},
     "dynamic_sampling": {"group_filter": "dynamic_sampling"},
 }
@@ -100,8 +101,9 @@ def test_hand_made_flags_are_refused_when_their_parts_are_missing_or_do_not_comb
         )
 
     # A decision holds one part: a value past the registry's parts names none.
-    too_far = flags()._replace(rollout_allocation=jnp.asarray(3, jnp.int32))
-    with pytest.raises(ValueError, match="flags.rollout_allocation must be 0 .* got .*=3"):
+    past = len(controllers.PARTS["rollout_allocation"]) + 1
+    too_far = flags()._replace(rollout_allocation=jnp.asarray(past, jnp.int32))
+    with pytest.raises(ValueError, match=f"flags.rollout_allocation must be 0 .* got .*={past}"):
         simulator.run(too_far, keys)
     with pytest.raises(ValueError, match="does not combine"):
         simulator.run(flags(group_filter="dynamic_sampling", prompt_adversary="prompt_gdro"), keys)
@@ -145,6 +147,7 @@ def test_the_experiment_configs_rival_blocks_are_the_trainers_defaults():
         defaults = {
             name: parameter.default
             for name, parameter in inspect.signature(factories[block]).parameters.items()
-            if parameter.default is not inspect.Parameter.empty and name != "n_mean"
+            if parameter.default is not inspect.Parameter.empty
+            and name not in controllers.RUN_LEVEL_ARGUMENTS
         }
         assert config[block].to_dict() == defaults, block

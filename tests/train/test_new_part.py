@@ -21,6 +21,7 @@ class Tilt(NamedTuple):
     init: object
     allocate: object
     update: object
+    metrics: object
     n_mean: int
     num_bins: None = None  # by prompt
 
@@ -50,7 +51,10 @@ def tilted_allocation(n_mean: int = 4, shift: int = 1) -> Tilt:
         del bins, observations
         return state._replace(step=state.step + 1)
 
-    return Tilt(init=init, allocate=allocate, update=update, n_mean=n_mean)
+    def metrics(info):  # what the step logs of it: its price, none here
+        return {"mu": info.mu}
+
+    return Tilt(init=init, allocate=allocate, update=update, metrics=metrics, n_mean=n_mean)
 
 
 @pytest.fixture

@@ -205,6 +205,32 @@ def test_knapsack_allocates_by_prompt_without_recompiling():
 
 
 @pytest.mark.slow
+def test_vip_allocates_from_its_predictions_without_recompiling():
+    """VIP in the trainer (parity reward, a pool of 16, the chain task's prompt features): the
+    counts sum to R, start at n_mean each (every prompt at the prior), then move; each observed
+    prompt's posterior logit is its observed rate's; one compile a phase."""
+    config = _config("vip", **{"task.pool_size": 16})
+    run = train.build_run(config, reward_fn=parity_reward)
+    state, rows = run.state, []
+    for _ in range(4):
+        state, metrics, _ = train.run_step(run, state, next(run.prompt_batches))
+        rows.append(jax.tree.map(np.asarray, metrics))
+    for phase in (run.plan, run.rollout, run.reward, run.update):
+        assert phase._cache_size() == 1
+    num_slots = config.num_prompts * config.n_mean
+    rollouts = [row["prompt/rollouts"] for row in rows]
+    assert all(r.sum() == num_slots for r in rollouts)
+    assert np.all(rollouts[0] == config.n_mean)
+    assert any(r.min() < config.n_mean < r.max() for r in rollouts[1:]), rollouts
+    assert all(np.all((row["prompt/estimate"] > 0) & (row["prompt/estimate"] < 1)) for row in rows)
+    last = rows[-1]
+    rate = np.clip(last["prompt/correct"] / last["prompt/rollouts"], 1e-6, 1 - 1e-6)
+    np.testing.assert_allclose(
+        state.gdro.rollout.mean[last["prompt/ids"]], np.log(rate / (1 - rate)), atol=1e-4
+    )
+
+
+@pytest.mark.slow
 def test_mopps_draws_its_batches_from_its_posteriors_without_recompiling():
     """MoPPS in the trainer (parity reward, a pool of 16): each batch is 8 distinct prompts of
     the pool drawn by the sampler (not the data order), and the posteriors after 4 steps equal a
