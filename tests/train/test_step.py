@@ -184,23 +184,30 @@ def test_two_steps_on_one_device_and_an_eight_device_mesh_agree(gdro_both_one_de
         np.testing.assert_allclose(np.asarray(b), a, atol=2e-6, rtol=0)
 
 
+def _allocations_once_compiled(config, *, steps: int, moved_after: int):
+    """`steps` steps of an allocation by prompt with the parity reward: each phase compiled once,
+    the counts summing to R, n_mean each at the first step (no history yet) and apart from it
+    after `moved_after` steps. Returns the final state and the metrics rows."""
+    run = train.build_run(config, reward_fn=parity_reward)
+    state, rows = run.state, []
+    for _ in range(steps):
+        state, metrics, _ = train.run_step(run, state, next(run.prompt_batches))
+        rows.append(jax.tree.map(np.asarray, metrics))
+    for phase in (run.plan, run.rollout, run.reward, run.update):
+        assert phase._cache_size() == 1
+    rollouts = [row["prompt/rollouts"] for row in rows]
+    assert all(r.sum() == config.num_prompts * config.n_mean for r in rollouts)
+    assert np.all(rollouts[0] == config.n_mean)
+    assert any(r.min() < config.n_mean < r.max() for r in rollouts[moved_after:]), rollouts
+    return state, rows
+
+
 @pytest.mark.slow
 def test_knapsack_allocates_by_prompt_without_recompiling():
     """Knapsack-RL in the trainer (parity reward, every prompt back each second step, a history
     of one visit): per-prompt rollouts that differ and sum to R, logged per prompt, one compile."""
     config = _config("knapsack", **{"task.pool_size": 16, "knapsack.min_history": 4})
-    run = train.build_run(config, reward_fn=parity_reward)
-    state, rows = run.state, []
-    for _ in range(6):
-        state, metrics, _ = train.run_step(run, state, next(run.prompt_batches))
-        rows.append(jax.tree.map(np.asarray, metrics))
-    for phase in (run.plan, run.rollout, run.reward, run.update):
-        assert phase._cache_size() == 1
-    num_slots = config.num_prompts * config.n_mean
-    rollouts = [row["prompt/rollouts"] for row in rows]
-    assert all(r.sum() == num_slots for r in rollouts)
-    assert np.all(rollouts[0] == config.n_mean)  # no history yet: n_mean each
-    assert any(r.min() < config.n_mean < r.max() for r in rollouts[2:]), rollouts
+    _, rows = _allocations_once_compiled(config, steps=6, moved_after=2)
     assert all(len(row["prompt/ids"]) == config.num_prompts for row in rows)
 
 
@@ -210,18 +217,7 @@ def test_vip_allocates_from_its_predictions_without_recompiling():
     counts sum to R, start at n_mean each (every prompt at the prior), then move; each observed
     prompt's posterior logit is its observed rate's; one compile a phase."""
     config = _config("vip", **{"task.pool_size": 16})
-    run = train.build_run(config, reward_fn=parity_reward)
-    state, rows = run.state, []
-    for _ in range(4):
-        state, metrics, _ = train.run_step(run, state, next(run.prompt_batches))
-        rows.append(jax.tree.map(np.asarray, metrics))
-    for phase in (run.plan, run.rollout, run.reward, run.update):
-        assert phase._cache_size() == 1
-    num_slots = config.num_prompts * config.n_mean
-    rollouts = [row["prompt/rollouts"] for row in rows]
-    assert all(r.sum() == num_slots for r in rollouts)
-    assert np.all(rollouts[0] == config.n_mean)
-    assert any(r.min() < config.n_mean < r.max() for r in rollouts[1:]), rollouts
+    state, rows = _allocations_once_compiled(config, steps=4, moved_after=1)
     assert all(np.all((row["prompt/estimate"] > 0) & (row["prompt/estimate"] < 1)) for row in rows)
     last = rows[-1]
     rate = np.clip(last["prompt/correct"] / last["prompt/rollouts"], 1e-6, 1 - 1e-6)
