@@ -22,6 +22,9 @@ the same function several alternative parts per decision, by name, and chooses t
 with a traced `applied` map, so one compilation serves every method; there every part held
 observes every step (it learns from the applied decisions' data), as the trainer's parts do.
 Which decisions combine is `check_combination`, written once.
+
+One module over 400 lines, on purpose: the types a step's decisions pass (`GDROState`, `Plan`,
+`Filtered`) and the one function whose closures make them are read together.
 """
 
 from __future__ import annotations

@@ -4,15 +4,17 @@ One run is a `lax.scan` over steps of a pure step function; seeds are `vmap`-ed;
 traced (`MethodFlags`: per decision, the part of `controllers.PARTS` that fills it), so one
 compilation serves every method of a config and nothing recompiles when the controllers change
 their decisions (SPEC 6). Which parts are compiled in is static (`make_simulator(config,
-parts=...)`, see `_parts`): the GDRO parts always, the rivals (Knapsack-RL, MoPPS, dynamic
-sampling) only when asked for, so the GDRO methods' program carries none of them, and their
+parts=...)`, see `_parts`): the GDRO parts always, the rivals (Knapsack-RL, VIP, MoPPS,
+dynamic sampling) only when asked for, so the GDRO methods' program carries none of them, and their
 numbers do not depend on which rivals are compiled beside them.
 
-A step (SPEC 7) makes the four decisions of `controllers.DECISIONS`, each through the parts
-compiled for it and its own default (GRPO's), the applied one selected by the flags: draw N
-prompts (epoch-shuffled, so every prompt is revisited; or a prompt sampler's draw, MoPPS's
-Thompson draw over the pool); classify them from history up to t-1; a rollout allocation
-(Rollout-GDRO by bin, Knapsack-RL from each prompt's own history) gives `n_i` with
+A step (SPEC 7) makes the four decisions of `controllers.DECISIONS` through the trainer's own
+composition (`controllers.multi_adversary`), given every compiled part as an alternative of its
+decision and the flags' choice of the applied one: draw N prompts (epoch-shuffled, so every
+prompt is revisited; or a prompt sampler's draw, MoPPS's Thompson draw over the pool; or
+Prompt-GDRO's `resample` draw); classify them from history up to t-1; a rollout allocation
+(Rollout-GDRO by bin, Knapsack-RL from each prompt's own history, VIP from a Gaussian process's
+predictions) gives `n_i` with
 `sum n_i = R = N * n_mean`; a prompt adversary (Prompt-GDRO) gives advantage multipliers `w_i`;
 `R` Bernoulli rollouts; the exact GRPO gradient; an optimizer step on the skill logits; then the
 adversaries' per-prompt loss signal, the trainer's `losses.prompt_loss_signal`, and the state
