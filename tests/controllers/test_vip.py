@@ -196,15 +196,16 @@ def test_unobserved_rows_change_nothing():
     rng = np.random.default_rng(2)
     features = rng.uniform(0, 1, (10, 3))
     part = controllers.vip(10, prompt_features=features)
+    update = jax.jit(part.update)
     ids, correct, rollouts = jnp.asarray([2, 5, 7]), jnp.asarray([1, 2, 0]), jnp.asarray([4, 4, 0])
-    masked = part.update(
+    masked = update(
         part.init(),
         prompt_ids=ids,
         num_correct=correct,
         num_rollouts=rollouts,
         valid=jnp.asarray([True, False, True]),
     )
-    alone = part.update(
+    alone = update(
         part.init(), prompt_ids=ids[:1], num_correct=correct[:1], num_rollouts=rollouts[:1]
     )
     np.testing.assert_allclose(masked.mean, alone.mean, atol=1e-5)
