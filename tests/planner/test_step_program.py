@@ -109,6 +109,7 @@ def test_the_planner_lowers_the_step_the_run_runs(method, engine):
             num_dataset_prompts=run.task.num_prompts,
             eos_ids=run.task.eos_ids,
             external_engine=external,
+            prompt_features=tasks.prompt_features(run.task),
         )
         plan = planner.Planner(run.settings, run.mesh, task=run.task, program=program)
         plan_rollout = plan.lower_rollout()
