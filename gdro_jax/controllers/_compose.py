@@ -396,6 +396,7 @@ def multi_adversary(
         num_prompts = prompt_ids.shape[0]
         importance = estimate = None
         reports = {}
+        no_estimate = jnp.full((num_prompts,), jnp.nan, jnp.float32)
         for name, adversary, part_state in held(state.prompt, adversary_alone, adversaries):
             if name in resampling:
                 drawn_ids, q_B = draw(
@@ -406,8 +407,8 @@ def multi_adversary(
         for name, part, part_state in held(state.sampler, sampler_alone, samplers):
             drawn = part.draw(part_state, num_prompts, keys.draw)
             prompt_ids = _pick(on(name), drawn.prompt_ids, prompt_ids)
-            nan_N = jnp.full((num_prompts,), jnp.nan, jnp.float32)
-            estimate = _pick(on(name), drawn.sampled_rate, nan_N if estimate is None else estimate)
+            old = no_estimate if estimate is None else estimate
+            estimate = _pick(on(name), drawn.sampled_rate, old)
             reports[name] = part.metrics(drawn)
         bins = classifier.bins(state.classifier, prompt_ids)
         if lagged:
@@ -427,8 +428,7 @@ def multi_adversary(
             num_rollouts = _pick(on(name), counts, num_rollouts)
             mu = _pick(on(name), info.mu, mu)
             if info.success_rate is not None:  # an allocation by prompt's own estimate
-                nan_N = jnp.full((num_prompts,), jnp.nan, jnp.float32)
-                old = nan_N if estimate is None else estimate
+                old = no_estimate if estimate is None else estimate
                 estimate = _pick(on(name), info.success_rate, old)
             reports[name] = part.metrics(info)
         weights = jnp.ones((num_prompts,), jnp.float32)

@@ -204,18 +204,21 @@ def make_simulator(
     group_filters = of_decision("group_filter")
     # The trainer's composition, given every compiled part as an alternative of its decision:
     # the flags choose the applied one (traced), and every part observes every step.
-    decisions = call_named(
-        "classifier",
-        multi_adversary,
-        classifier,
-        of_decision("prompt_adversary"),
-        of_decision("rollout_allocation"),
-        sampler=of_decision("prompt_sampler"),
-        group_filter=group_filters,
-        n_mean=config.n_mean,
-        bins_from=bins_from,
-        num_prompts=config.num_prompts,
-    )
+    try:
+        decisions = multi_adversary(
+            classifier,
+            of_decision("prompt_adversary"),
+            of_decision("rollout_allocation"),
+            sampler=of_decision("prompt_sampler"),
+            group_filter=group_filters,
+            n_mean=config.n_mean,
+            bins_from=bins_from,
+            num_prompts=config.num_prompts,
+        )
+    except ValueError as error:
+        if str(error).startswith("bins_from"):  # the one field it reads from the classifier block
+            raise ValueError(f"classifier.{error}") from None
+        raise
 
     def applied(flags: MethodFlags) -> dict[str, jax.Array]:
         """`{part: [] bool}`: whether `flags` hand the decision `part` fills to `part`."""

@@ -164,7 +164,9 @@ def _assemble(settings, task, reward_fn, host_reward_fn, closers, rollout_engine
         num_dataset_prompts=num_dataset_prompts,
         eos_ids=task.eos_ids,
         external_engine=rollout_engine is not None,
-        prompt_features=tasks.prompt_features(task),
+        prompt_features=(
+            tasks.prompt_features(task) if configs.takes_prompt_features(settings.method) else None
+        ),
     )
     # With device_memory_gib: the plan of this very program fails before anything is allocated.
     planner.check_memory_plan(settings, mesh, task=task, program=program)
