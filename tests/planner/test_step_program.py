@@ -143,7 +143,7 @@ def test_build_run_plans_the_program_it_runs(monkeypatch):
         assert memory is not None and memory.fits and memory.update > 0
     dynamic_program, _ = planned[0]
     assert dynamic_program.decisions.group_filter is not None
-    assert dynamic_program.abstract_state(run.state.params).buffer is not None
+    assert dynamic_program.abstract_state(run.state.params).gdro.filter is not None
     engine_program, memory = planned[1]
     assert engine_program.external_engine and engine_program.rollout.logprobs_from == "engine"
     assert memory.kv_cache == 0  # the engine's cache is its own
