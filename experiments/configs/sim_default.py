@@ -50,10 +50,10 @@ def get_config() -> ml_collections.ConfigDict:
     config.rollout_gdro = ml_collections.ConfigDict(
         dict(n_min=2, n_max=12, proxy="bernoulli", ema=0.12, mode="sqrt")
     )
-    # The rivals (`--config.methods=grpo,knapsack,mopps,dynamic_sampling`): the run schema's
-    # blocks, read off the same factories as the trainer's; the simulator sets num_prompts (the
-    # pool's D), n_mean and num_groups (N).
+    # The rivals (`--config.methods=grpo,knapsack,mopps,dynamic_sampling,pilot_commit`): the run
+    # schema's blocks, read off the same factories as the trainer's; the simulator sets
+    # num_prompts (the pool's D), n_mean, num_groups (N) and reward_values.
     run = configs.run_config()
-    for block in ("knapsack", "vip", "mopps", "dynamic_sampling"):
+    for block in ("knapsack", "vip", "mopps", "dynamic_sampling", "pilot_commit"):
         config[block] = run[block]
     return config

@@ -12,8 +12,8 @@ and replicated leaves of a sharded train state.
   `RolloutAllocator`, `PromptAdversary`, `GroupFilter`; `PROTOCOLS` maps decisions to them).
 - The field's rivals at equal compute: `knapsack` (Knapsack-RL's rollouts per prompt), `vip`
   (VIP's rollouts where they cut the gradient's variance most, from a GP's predictions), `mopps`
-  (MoPPS's Thompson-sampled prompts) and `dynamic_sampling` (DAPO's buffer of groups with a
-  signal).
+  (MoPPS's Thompson-sampled prompts), `dynamic_sampling` (DAPO's buffer of groups with a
+  signal) and `pilot_commit` (Pilot-Commit's pilots, replay buffer and commits).
 - `METHODS`: the training methods as `Method` records (GRPO, the adversaries, the rivals),
   each naming the part behind each decision of a step; the trainer, the simulator, the study and
   the command line read them.
@@ -46,6 +46,7 @@ from gdro_jax.controllers._compose import (
 from gdro_jax.controllers._dynamic_sampling import (
     DynamicSampling,
     DynamicSamplingInfo,
+    DynamicSamplingSelection,
     DynamicSamplingState,
     dynamic_sampling,
 )
@@ -74,6 +75,13 @@ from gdro_jax.controllers._passk import (
     PassKState,
     passk_classifier,
     per_visit_statistic,
+)
+from gdro_jax.controllers._pilot_commit import (
+    PilotCommit,
+    PilotCommitInfo,
+    PilotCommitSelection,
+    PilotCommitState,
+    pilot_commit,
 )
 from gdro_jax.controllers._prompt_gdro import (
     PromptGDRO,
@@ -116,6 +124,7 @@ __all__ = [
     "ClassifierUpdate",
     "DynamicSampling",
     "DynamicSamplingInfo",
+    "DynamicSamplingSelection",
     "DynamicSamplingState",
     "Filtered",
     "GDROState",
@@ -129,6 +138,10 @@ __all__ = [
     "MultiAdversary",
     "PassKClassifier",
     "PassKState",
+    "PilotCommit",
+    "PilotCommitInfo",
+    "PilotCommitSelection",
+    "PilotCommitState",
     "Plan",
     "PlanKeys",
     "PromptGDRO",
@@ -146,6 +159,7 @@ __all__ = [
     "mopps",
     "multi_adversary",
     "passk_classifier",
+    "pilot_commit",
     "per_visit_statistic",
     "prompt_gdro",
     "rollout_gdro",

@@ -84,6 +84,9 @@ class Plan(NamedTuple):
     # What each part held reported at planning (its protocol's `metrics`), by the part's name:
     # its decision's name for a part given alone, else the name it was given under.
     reports: Mapping[str, Mapping[str, jax.Array]] | None = None
+    # What each group filter held selected for the round (its `select`), by the part's name;
+    # its `add` takes it back after the rewards. Empty without a group filter.
+    selections: Mapping[str, Any] | None = None
 
 
 class Filtered(NamedTuple):
@@ -93,8 +96,11 @@ class Filtered(NamedTuple):
     ready: Any  # [] bool take the update now (always, when no filter is applied)
     groups: Any  # the buffer's groups (leaves [N, ...]) to train on when ready; None: no filter
     filled: jax.Array | None  # [N] bool which of `groups` hold one
+    # [N] int32 the GRPO group of each row of `groups` (a group may span rows: Pilot-Commit's
+    # pilot and commit); None: no filter.
+    group_of_row: jax.Array | None = None
     # The round's report of each group filter held (its protocol's `metrics`), by name.
-    reports: Mapping[str, Mapping[str, jax.Array]]
+    reports: Mapping[str, Mapping[str, jax.Array]] = {}
 
 
 # Where `plan` takes each prompt's bin from: its own classification (ours), or the classification
@@ -151,7 +157,9 @@ class MultiAdversary(NamedTuple):
         `resample` realisation), so that the ids given to it count only for their number."""
         adversaries = _named("prompt_adversary", self.prompt_adversary)[0].values()
         resample = any(adversary.realisation == "resample" for adversary in adversaries)
-        return self.prompt_sampler is not None or resample
+        filters = _named("group_filter", self.group_filter)[0].values()
+        selecting = any(part.draws_prompts for part in filters)
+        return self.prompt_sampler is not None or resample or selecting
 
 
 def check_combination(
@@ -162,9 +170,11 @@ def check_combination(
     group_filter: bool = False,
     resample: bool = False,
     lagged: bool = False,
+    selecting_filter: bool = False,
 ) -> None:
     """Refuses decisions that do not combine; each flag says the decision is handed to a part
-    (`resample`: Prompt-GDRO's realisation, `lagged`: `bins_from="previous_batch"`).
+    (`resample`: Prompt-GDRO's realisation, `lagged`: `bins_from="previous_batch"`,
+    `selecting_filter`: a group filter that chooses the round's prompts, Pilot-Commit).
 
     Raises:
       ValueError: saying why the two do not combine.
@@ -173,6 +183,12 @@ def check_combination(
         raise ValueError(
             "a group filter trains on groups of n_mean rollouts from earlier rounds, so it "
             "does not combine with a rollout allocation or a prompt adversary"
+        )
+    if selecting_filter and (prompt_sampler or resample or lagged):
+        raise ValueError(
+            "a group filter that selects the round's prompts (Pilot-Commit) does not combine "
+            'with a prompt sampler, Prompt-GDRO\'s realisation="resample" or '
+            'bins_from="previous_batch"'
         )
     if prompt_sampler and (resample or lagged):
         raise ValueError(
@@ -242,10 +258,12 @@ def multi_adversary(
       sampler: a `PromptSampler` (`mopps`) that draws each batch itself (`Plan.prompt_ids`;
         the ids given to `plan` count only for their number N) and learns from every group;
         None: the batches are the ids given.
-      group_filter: a `GroupFilter` (`dynamic_sampling`) over `num_prompts` groups; its buffer
-        is the state's `filter` (`init(example_groups)` shapes it) and `filter` runs its round.
-        It combines with neither a rollout allocation nor a prompt adversary
-        (`check_combination`). None: the update keeps every group.
+      group_filter: a `GroupFilter` (`dynamic_sampling`, `pilot_commit`) over `num_prompts`
+        groups; its buffer is the state's `filter` (`init(example_groups)` shapes it), `plan`
+        takes the round's prompts from its `select` and `filter` runs its round. It combines with
+        neither a rollout allocation nor a prompt adversary, and one that selects the prompts
+        (`draws_prompts`) with no other draw (`check_combination`). None: the update keeps every
+        group.
       n_mean: rollouts per prompt when `rollout` is `None`.
       bins_from: `"prompt"` (default): each prompt's bin is its own classification from history
         up to the previous step (SPEC 3). `"previous_batch"`: the authors' released code, where
@@ -268,8 +286,9 @@ def multi_adversary(
           `[N, ...]` arrays or ShapeDtypeStructs, needed with a group filter);
         `plan(state, prompt_ids, key, *, applied=None) -> Plan` (`key`: one key or `PlanKeys`;
           `applied`: `{name: [] bool}` over the alternatives, None when every part is alone);
-        `filter(state, groups, rewards_NG, *, applied=None) -> (GDROState, Filtered)`: the
-          round's groups (leaves `[N, n_mean, ...]`) and rewards `[N, n_mean]`;
+        `filter(state, groups, rewards_NG, *, plan=None, applied=None) -> (GDROState,
+          Filtered)`: the round's groups (leaves `[N, n_mean, ...]`), rewards `[N, n_mean]` and
+          the plan they were sampled from (a group filter that selects, Pilot-Commit, needs it);
         `update(state, plan, prompt_ids, *, num_correct, losses, valid=None) -> GDROState`,
       where `num_correct` is int[N] correct rollouts per prompt and `losses` the float[N]
       per-prompt loss signal for the adversaries.
@@ -301,6 +320,7 @@ def multi_adversary(
     if bins_from not in BINS_FROM:
         raise ValueError(f"bins_from must be one of {BINS_FROM}, got bins_from={bins_from!r}")
     resampling = {n for n, a in adversaries.items() if a.realisation == "resample"}
+    selecting = {n for n, f in filters.items() if f.draws_prompts}
     lagged = bins_from == "previous_batch"
     if lagged and (num_prompts is None or num_prompts < 1):
         raise ValueError(
@@ -316,9 +336,11 @@ def multi_adversary(
             group_filter=bool(filters),
             resample=bool(resampling),
             lagged=lagged,
+            selecting_filter=bool(selecting),
         )
     else:  # alternatives: only what no choice of them can combine
         check_combination(prompt_sampler=bool(samplers), resample=bool(resampling), lagged=lagged)
+        check_combination(lagged=lagged, selecting_filter=bool(selecting))
     names = [*adversaries, *allocations, *samplers, *filters]
 
     def switch(applied: Mapping[str, ArrayLike] | None) -> Callable[[str], Any]:
@@ -378,7 +400,7 @@ def multi_adversary(
     def plan_keys(key: Any) -> PlanKeys:
         if isinstance(key, PlanKeys):
             return key
-        if samplers or resampling:
+        if samplers or resampling or selecting:
             draw_key, key = jax.random.split(key)
             return PlanKeys(draw=draw_key, allocate=key)
         return PlanKeys(draw=None, allocate=key)
@@ -410,6 +432,11 @@ def multi_adversary(
             old = no_estimate if estimate is None else estimate
             estimate = _pick(on(name), drawn.sampled_rate, old)
             reports[name] = part.metrics(drawn)
+        selections = {}
+        for name, part, part_state in held(state.filter, filter_alone, filters):
+            selection = part.select(part_state, prompt_ids, keys.draw)
+            prompt_ids = _pick(on(name), selection.prompt_ids, prompt_ids)
+            selections[name] = selection
         bins = classifier.bins(state.classifier, prompt_ids)
         if lagged:
             if state.previous_bins.shape[0] != num_prompts:
@@ -449,6 +476,7 @@ def multi_adversary(
             importance=importance,
             estimate=estimate,
             reports=reports,
+            selections=selections,
         )
 
     def filter_round(
@@ -456,13 +484,18 @@ def multi_adversary(
         groups: Any,
         rewards_NG: ArrayLike,
         *,
+        plan: Plan | None = None,
         applied: Mapping[str, ArrayLike] | None = None,
     ) -> tuple[GDROState, Filtered]:
         on = switch(applied)
-        active, ready, taken, filled = False, True, None, None
+        active, ready, taken, filled, group_of_row = False, True, None, None, None
         buffers, reports = {}, {}
         for name, part, buffer in held(state.filter, filter_alone, filters):
-            buffer, info = part.add(buffer, groups, keep=part.keep(rewards_NG))
+            selection = None if plan is None else plan.selections[name]
+            keep = part.keep(rewards_NG)
+            buffer, info = part.add(
+                buffer, groups, keep=keep, rewards_NG=rewards_NG, selection=selection
+            )
             part_taken, part_filled, emptied = part.take(buffer)
             after = jax.tree.map(lambda e, b: jnp.where(info.ready, e, b), emptied, buffer)
             buffers[name], reports[name] = after, part.metrics(after, info)
@@ -471,9 +504,16 @@ def multi_adversary(
             ready = _pick(flag, info.ready, ready)
             taken = part_taken if taken is None else _pick(flag, part_taken, taken)
             filled = part_filled if filled is None else _pick(flag, part_filled, filled)
+            rows = jnp.arange(part.num_groups, dtype=jnp.int32) // part.rows_per_group
+            group_of_row = rows if group_of_row is None else _pick(flag, rows, group_of_row)
         new_state = state._replace(filter=packed(buffers, filter_alone))
         return new_state, Filtered(
-            active=active, ready=ready, groups=taken, filled=filled, reports=reports
+            active=active,
+            ready=ready,
+            groups=taken,
+            filled=filled,
+            group_of_row=group_of_row,
+            reports=reports,
         )
 
     def update(

@@ -36,6 +36,8 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
+from gdro_jax.controllers._groups import check_groups
+
 
 class DynamicSamplingState(NamedTuple):
     """The buffer of kept groups and the rounds' counts (fixed shapes: a `lax.scan` carry)."""
@@ -58,10 +60,17 @@ class DynamicSamplingInfo(NamedTuple):
     rounds: jax.Array  # [] int32 rounds into this buffer, this one included
 
 
+class DynamicSamplingSelection(NamedTuple):
+    """What `select` chose: the round samples the batch it is given."""
+
+    prompt_ids: jax.Array  # [N] int32
+
+
 class DynamicSampling(NamedTuple):
     """DAPO's dynamic sampling as pure functions; build it with `dynamic_sampling`."""
 
     init: Callable[[Any], DynamicSamplingState]
+    select: Callable[..., DynamicSamplingSelection]
     keep: Callable[[ArrayLike], jax.Array]
     add: Callable[..., tuple[DynamicSamplingState, DynamicSamplingInfo]]
     take: Callable[[DynamicSamplingState], tuple[Any, jax.Array, DynamicSamplingState]]
@@ -69,6 +78,8 @@ class DynamicSampling(NamedTuple):
     metrics: Callable[[DynamicSamplingState, DynamicSamplingInfo], dict[str, jax.Array]]
     num_groups: int
     max_rounds: int
+    rows_per_group: int = 1  # each buffered group is one row of n_mean rollouts
+    draws_prompts: bool = False  # the rounds sample the batches the data gives
 
 
 def dynamic_sampling(num_groups: int, *, max_rounds: int = 10) -> DynamicSampling:
@@ -83,9 +94,11 @@ def dynamic_sampling(num_groups: int, *, max_rounds: int = 10) -> DynamicSamplin
       A `DynamicSampling` with
         `init(example_groups) -> state` (an empty buffer shaped like `example_groups`, a pytree
           of arrays or `jax.ShapeDtypeStruct`s with leading axis N);
+        `select(state, prompt_ids, key) -> DynamicSamplingSelection`: the ids as given;
         `keep(rewards_NG) -> [N] bool`: the groups whose rewards are not all equal;
-        `add(state, groups, *, keep) -> (state, DynamicSamplingInfo)`: the kept groups into the
-          buffer, in order, up to N;
+        `add(state, groups, *, keep, rewards_NG=None, selection=None) -> (state,
+          DynamicSamplingInfo)`: the kept groups into the buffer, in order, up to N (the
+          rewards and the selection are not needed);
         `take(state) -> (groups, filled [N] bool, state)`: the buffer's groups and which hold
           one; the returned state has an empty buffer and one more update.
 
@@ -97,16 +110,8 @@ def dynamic_sampling(num_groups: int, *, max_rounds: int = 10) -> DynamicSamplin
     if isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or max_rounds < 1:
         raise ValueError(f"max_rounds must be an int >= 1, got max_rounds={max_rounds!r}")
 
-    def _check_groups(groups) -> None:
-        for leaf in jax.tree.leaves(groups):
-            if leaf.shape[:1] != (num_groups,):
-                raise ValueError(
-                    f"every leaf of the groups must have a leading axis of num_groups="
-                    f"{num_groups}, got a leaf of shape {tuple(leaf.shape)}"
-                )
-
     def init(example_groups) -> DynamicSamplingState:
-        _check_groups(example_groups)
+        check_groups(example_groups, num_groups)
 
         def zero():  # a fresh array each: a donated state must not hold one buffer twice
             return jnp.zeros((), jnp.int32)
@@ -120,6 +125,10 @@ def dynamic_sampling(num_groups: int, *, max_rounds: int = 10) -> DynamicSamplin
             updates=zero(),
         )
 
+    def select(state: DynamicSamplingState, prompt_ids: ArrayLike, key=None):
+        del state, key  # every round samples the batch it is given
+        return DynamicSamplingSelection(prompt_ids=jnp.asarray(prompt_ids, jnp.int32))
+
     def keep(rewards_NG: ArrayLike) -> jax.Array:
         rewards_NG = jnp.asarray(rewards_NG)
         if rewards_NG.ndim != 2 or rewards_NG.shape[0] != num_groups:
@@ -128,8 +137,10 @@ def dynamic_sampling(num_groups: int, *, max_rounds: int = 10) -> DynamicSamplin
             )
         return jnp.max(rewards_NG, axis=1) > jnp.min(rewards_NG, axis=1)
 
-    def add(state: DynamicSamplingState, groups, *, keep: ArrayLike):
-        _check_groups(groups)
+    def add(state: DynamicSamplingState, groups, *, keep: ArrayLike, rewards_NG=None,
+            selection=None):  # fmt: skip
+        del rewards_NG, selection  # `keep` says it all
+        check_groups(groups, num_groups)
         signal = jnp.asarray(keep, bool)
         # The i-th kept group of the round goes to position count + i while there is room.
         position = state.count + jnp.cumsum(signal) - 1
@@ -180,6 +191,7 @@ def dynamic_sampling(num_groups: int, *, max_rounds: int = 10) -> DynamicSamplin
 
     return DynamicSampling(
         init=init,
+        select=select,
         keep=keep,
         add=add,
         take=take,

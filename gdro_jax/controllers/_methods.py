@@ -5,7 +5,8 @@ A step of GRPO makes four choices that a method may hand to a part of this packa
     prompt_sampler      which prompts make the batch       (GRPO: uniform batches from the data)
     rollout_allocation  how many rollouts each prompt gets (GRPO: n_mean each)
     prompt_adversary    how much each prompt's advantages weigh (GRPO: equally)
-    group_filter        which groups the update keeps      (GRPO: all of them)
+    group_filter        which groups the update keeps      (GRPO: all of them; a filter that
+                                                            selects also picks the prompts)
 
 A `Method` names, for each decision, a part from `PARTS` (by its factory name, which is also the
 name of its block in a run config) or `None` for GRPO's choice. The trainer builds the named
@@ -22,6 +23,7 @@ from typing import NamedTuple
 from gdro_jax.controllers._dynamic_sampling import dynamic_sampling
 from gdro_jax.controllers._knapsack import knapsack
 from gdro_jax.controllers._mopps import mopps
+from gdro_jax.controllers._pilot_commit import pilot_commit
 from gdro_jax.controllers._prompt_gdro import prompt_gdro
 from gdro_jax.controllers._protocols import (
     GroupFilter,
@@ -77,7 +79,7 @@ PARTS: Mapping[str, dict[str, Callable]] = {
     "prompt_sampler": {"mopps": mopps},
     "rollout_allocation": {"rollout_gdro": rollout_gdro, "knapsack": knapsack, "vip": vip},
     "prompt_adversary": {"prompt_gdro": prompt_gdro},
-    "group_filter": {"dynamic_sampling": dynamic_sampling},
+    "group_filter": {"dynamic_sampling": dynamic_sampling, "pilot_commit": pilot_commit},
 }
 
 
@@ -129,6 +131,11 @@ METHODS: Mapping[str, Method] = _registry(
         "dynamic_sampling",
         "DAPO dynamic sampling: rounds of R rollouts; an update once N groups with a signal wait",
         group_filter="dynamic_sampling",
+    ),
+    Method(
+        "pilot_commit",
+        "Pilot-Commit: pilot candidates; commit n_mean more rollouts to those with a signal",
+        group_filter="pilot_commit",
     ),
 )
 

@@ -8,7 +8,8 @@ protocol (jit, vmap, scan, a mesh and, for an allocation, the exact total).
     prompt_sampler      PromptSampler      draw(state, N, key) -> SamplerDraw; update(visits)
     rollout_allocation  RolloutAllocator   allocate(state, bins, p_hat, key, *, prompt_ids)
     prompt_adversary    PromptAdversary    weights, distribution, update(bins, losses)
-    group_filter        GroupFilter        keep(rewards), add(buffer, groups, keep), take(buffer)
+    group_filter        GroupFilter        select(buffer, ids, key), keep(rewards),
+                                           add(buffer, groups, keep, rewards, selection), take
 
 Each protocol also declares `metrics`: the named arrays its part reports for the step to log
 (`"bin/q"`, `"mu"`, `"filter/updated"`, ...), so the trainer and the simulator read no field of
@@ -150,19 +151,37 @@ class PromptAdversary(Protocol):
 
 @runtime_checkable
 class GroupFilter(Protocol):
-    """Keeps the groups that carry a signal in a buffer of `num_groups`, taken when ready.
+    """Decides which groups the update trains on, from a buffer of `num_groups` rows.
 
-    The step trains on the buffer's groups (`n_mean` rollouts each, unweighted), so a group
-    filter combines with neither a rollout allocation nor a prompt adversary.
+    A round samples the N prompts `select` chooses (the batch given, for DAPO's dynamic sampling;
+    buffered prompts to commit and new candidates to pilot, for Pilot-Commit), `n_mean` rollouts
+    each; `add` takes the round's groups into the buffer, and when its info says `ready` the
+    update trains on `take`'s N rows, `rows_per_group` rows of `n_mean` rollouts making one GRPO
+    group (unweighted). So a group filter combines with neither a rollout allocation nor a prompt
+    adversary.
     """
 
     num_groups: int
+    rows_per_group: int
+    draws_prompts: bool  # `select` chooses the prompts (from the pool), not only passes them
 
     def init(self, example_groups: Any) -> Any: ...
 
+    def select(self, state: Any, prompt_ids: ArrayLike, key: jax.Array | None) -> Any:
+        """The round's prompts: a tuple with at least `prompt_ids` [N]."""
+        ...
+
     def keep(self, rewards_NG: ArrayLike) -> jax.Array: ...
 
-    def add(self, state: Any, groups: Any, *, keep: ArrayLike) -> tuple[Any, Any]: ...
+    def add(
+        self,
+        state: Any,
+        groups: Any,
+        *,
+        keep: ArrayLike,
+        rewards_NG: ArrayLike | None = None,
+        selection: Any = None,
+    ) -> tuple[Any, Any]: ...
 
     def take(self, state: Any) -> tuple[Any, jax.Array, Any]: ...
 

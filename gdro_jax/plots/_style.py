@@ -25,6 +25,7 @@ METHOD_COLORS = {
     "vip": "#e7ba52",
     "mopps": "#8c564b",
     "dynamic_sampling": "#e377c2",
+    "pilot_commit": "#6b6ecf",
 }
 BASELINE_COLOR = "#7f7f7f"  # the warm start: grey, the policy before any RL
 # For other labels, in order of appearance: colours no method (nor the warm start) uses.

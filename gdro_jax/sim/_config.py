@@ -82,6 +82,9 @@ class SimConfig:
         simulator built with the `mopps` part.
       dynamic_sampling: keyword arguments of `dynamic_sampling` (not `num_groups`, which is
         `num_prompts`); applied by a simulator built with the `dynamic_sampling` part.
+      pilot_commit: keyword arguments of `pilot_commit` (not `num_groups`, `num_prompts` nor
+        `reward_values`: N, the pool's D and the rewards above); applied by a simulator built
+        with the `pilot_commit` part.
 
     Every controller block left empty takes its factory's defaults, which are also the trainer's
     (its config schema reads them off the same factories). A part of `controllers.PARTS` is
@@ -116,6 +119,7 @@ class SimConfig:
     vip: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     mopps: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     dynamic_sampling: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    pilot_commit: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         if self.advantage_estimator not in ("sample", "population"):

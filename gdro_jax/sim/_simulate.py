@@ -272,14 +272,22 @@ def make_simulator(
     uniform_slot_R = slots_from_counts(np.full(num_prompts, config.n_mean), num_slots)
 
     def buffered_gradient(theta_L: jax.Array, filtered: Filtered) -> jax.Array:
-        """The exact GRPO gradient of the group filter's buffered groups (`filtered.groups`)."""
+        """The exact GRPO gradient of the group filter's buffered groups (`filtered.groups`),
+        whose rows make the GRPO groups `filtered.group_of_row` says (a row each, or
+        Pilot-Commit's pairs of a pilot and a commit row of one prompt)."""
         held = filtered.groups
-        # The buffer's groups were all sampled under theta: nothing moves it while they wait.
+        group_of_row = filtered.group_of_row
+        # The rows of a group share their prompt: its level and offset, by group.
+        level_G = jnp.zeros_like(held.level).at[group_of_row].set(held.level)
+        offset_G = jnp.zeros_like(held.offset).at[group_of_row].set(held.offset)
+        # Dynamic sampling's groups were all sampled under theta (nothing moves it while they
+        # wait); a Pilot-Commit pilot row was sampled a few updates before, and counts as the
+        # recipe counts it, as if from the current policy.
         grad_L, _ = grpo_policy_gradient(
             theta_L,
-            held.level,
-            held.offset,
-            uniform_slot_R,
+            level_G,
+            offset_G,
+            group_of_row[uniform_slot_R],
             held.success.reshape(num_slots),
             jnp.ones((num_prompts,), jnp.float32),
             **gradient_options,
@@ -352,7 +360,7 @@ def make_simulator(
                 reward_NG = jnp.where(success_NG, config.reward_correct, config.reward_wrong)
                 groups = BufferedGroups(success_NG, level_N, offset_N)
                 controllers_state, filtered = decisions.filter(
-                    controllers_state, groups, reward_NG, applied=applied_parts
+                    controllers_state, groups, reward_NG, plan=plan, applied=applied_parts
                 )
                 buffered_L = buffered_gradient(state.theta, filtered)
                 grad_L = jnp.where(filtered.active, buffered_L, grad_L)

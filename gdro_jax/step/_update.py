@@ -361,15 +361,17 @@ def make_update(
         """A round of the group filter (`gdro.filter`): its signal groups into the buffer, the
         optimizer steps on the buffer when it is ready (else the parameters stay)."""
         groups = jax.tree.map(lambda x: x.reshape(num_prompts, gdro.n_mean, *x.shape[1:]), rollouts)
-        gdro_state, filtered = gdro.filter(state.gdro, groups, groups.rewards)
+        gdro_state, filtered = gdro.filter(state.gdro, groups, groups.rewards, plan=plan)
+        # The buffer's rows are n_mean slots each (the plan allocates nothing); a GRPO group
+        # spans the rows `group_of_row` gives it (one, or Pilot-Commit's pilot and commit).
+        group_of_slot = filtered.group_of_row[plan.prompt_of_slot]
 
         def take_and_step(held):
             held = jax.tree.map(lambda x: x.reshape(num_slots, *x.shape[2:]), held)
             ones_N = jnp.ones((num_prompts,), jnp.float32)
-            held_adv_R = _advantages(held, plan.prompt_of_slot, config, num_prompts)
+            held_adv_R = _advantages(held, group_of_slot, config, num_prompts)
             params, opt_state, mb_metrics, _, _ = optimize(
-                state, held, _completion_mask(held), held_adv_R, plan.prompt_of_slot, ones_N,
-                perm_key,
+                state, held, _completion_mask(held), held_adv_R, group_of_slot, ones_N, perm_key,
             )  # fmt: skip
             return params, opt_state, mb_metrics
 

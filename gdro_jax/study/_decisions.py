@@ -78,6 +78,7 @@ def decision_summary(rows: Sequence[dict[str, Any]], *, after_step: int = 0) -> 
             kept_without_signal=without,
             kept_fraction=float(np.mean([row["filter/kept_fraction"] for row in counted])),
             updates=int(sum(row["filter/updated"] for row in counted)),
-            partial_updates=int(sum(row["filter/partial"] for row in counted)),
+            # Dynamic sampling's buffers taken short of N groups (Pilot-Commit has none).
+            partial_updates=int(sum(row.get("filter/partial", 0) for row in counted)),
         )
     return summary

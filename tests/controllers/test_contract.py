@@ -89,10 +89,14 @@ def _sampler_step(sampler, state, key):
 
 
 def _filter_step(filter_, state, key):
-    """A `GroupFilter` through its protocol: keep, add, take when ready."""
-    rewards = jnp.where(jax.random.uniform(key, (BATCH, 4)) < 0.2, 1.0, -1.0)
-    groups = {"rewards": rewards, "ids": jnp.arange(BATCH)}
-    state, info = filter_.add(state, groups, keep=filter_.keep(rewards))
+    """A `GroupFilter` through its protocol: select the round's prompts, keep, add, take when
+    ready."""
+    k_select, k_rewards = jax.random.split(key)
+    selection = filter_.select(state, jnp.arange(BATCH), k_select)
+    rewards = jnp.where(jax.random.uniform(k_rewards, (BATCH, 4)) < 0.4, 1.0, -1.0)
+    groups = {"rewards": rewards, "ids": selection.prompt_ids}
+    keep = filter_.keep(rewards)
+    state, info = filter_.add(state, groups, keep=keep, rewards_NG=rewards, selection=selection)
     taken, filled, emptied = filter_.take(state)
     state = jax.tree.map(lambda a, b: jnp.where(info.ready, a, b), emptied, state)
     return state, (info.kept, info.ready, filled, taken["ids"], filter_.metrics(state, info))

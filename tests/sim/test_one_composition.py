@@ -64,7 +64,7 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def simulators():
-    """One simulator over every part (the seven methods), and one of the GDRO parts for each
+    """One simulator over every part (every method), and one of the GDRO parts for each
     variant a prompt sampler does not combine with; each jitted once for all its methods."""
     built = {}
     for _, classifier, prompt_gdro in CASES.values():
@@ -145,9 +145,12 @@ def test_the_trainer_and_the_simulator_make_the_same_decisions(case, simulators)
         if "group_filter" in parts:  # N groups of n_mean rollouts: the filter's round
             groups = _groups(success_NG, plan_t.prompt_ids)
             rewards = jnp.where(groups["success"], 1.0, -1.0)
-            state_t, filtered_t = trainer_filter(state_t, groups, rewards)
-            state_s, filtered_s = sim_filter(state_s, groups, rewards, applied=applied)
-            for field in ("active", "ready", "groups", "filled"):
+            _equal(f"step {step} selection", plan_t.selections["group_filter"],
+                   plan_s.selections[parts["group_filter"]])  # fmt: skip
+            state_t, filtered_t = trainer_filter(state_t, groups, rewards, plan=plan_t)
+            state_s, filtered_s = sim_filter(state_s, groups, rewards, plan=plan_s,
+                                             applied=applied)  # fmt: skip
+            for field in ("active", "ready", "groups", "filled", "group_of_row"):
                 _equal(f"step {step} filtered.{field}", getattr(filtered_t, field),
                        getattr(filtered_s, field))  # fmt: skip
             _equal(f"step {step} filter report", filtered_t.reports["group_filter"],

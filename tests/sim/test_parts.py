@@ -12,7 +12,7 @@ from experiments.configs import sim_default
 from gdro_jax import controllers, sim
 
 TINY = sim.SimConfig(steps=4, num_prompts=4, num_levels=3, pool_size=12, heldout_per_level=4)
-RIVALS = ("knapsack", "vip", "mopps", "dynamic_sampling")
+RIVALS = ("knapsack", "vip", "mopps", "dynamic_sampling", "pilot_commit")
 
 
 def test_every_method_is_simulated_and_the_default_methods_are_the_gdro_ones():
@@ -35,6 +35,7 @@ EXPECTED_PARTS = {
     "vip": {"rollout_allocation": "vip"},
     "mopps": {"prompt_sampler": "mopps"},
     "dynamic_sampling": {"group_filter": "dynamic_sampling"},
+    "pilot_commit": {"group_filter": "pilot_commit"},
 }
 
 
@@ -116,7 +117,12 @@ def test_hand_made_flags_are_refused_when_their_parts_are_missing_or_do_not_comb
 
 @pytest.mark.parametrize(
     "block, key",
-    [("knapsack", "n_mean"), ("mopps", "num_prompts"), ("dynamic_sampling", "num_groups")],
+    [
+        ("knapsack", "n_mean"),
+        ("mopps", "num_prompts"),
+        ("dynamic_sampling", "num_groups"),
+        ("pilot_commit", "reward_values"),
+    ],
 )
 def test_a_rivals_arguments_set_by_the_simulator_are_rejected(block, key):
     with pytest.raises(ValueError, match=f"{block}.{key} is set by the simulator"):

@@ -25,6 +25,7 @@ TINY = sim.SimConfig(
     knapsack=dict(n_min=2, history=16, min_history=8, window=8),
     mopps=dict(target=0.5),
     dynamic_sampling=dict(max_rounds=4),  # some buffers fill, some are taken partial
+    pilot_commit=dict(max_off_steps=2),  # some buffered prompts are flushed
 )
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
@@ -584,3 +585,56 @@ def test_dynamic_sampling_steps_on_ready_buffers_only_along_their_exact_gradient
             np.testing.assert_allclose(step_L, expected_L, rtol=1e-4, atol=1e-5, err_msg=step)
     # Both kinds of buffer were taken: full ones, and partial ones at max_rounds.
     assert TINY.num_prompts in sizes and min(sizes) < TINY.num_prompts, sizes
+
+
+def replay_pilot_commit(ids_TN, num_correct_TN, *, n_mean, lower=0.25, upper=0.25, max_off):
+    """The replay buffer through a list of slots: per round, the committed prompts' `(prompt,
+    pilot correct, commit correct)`, after checking that the round's first positions hold the
+    oldest buffered prompts."""
+    num_groups = ids_TN.shape[1]
+    slots, taken = [None] * num_groups, []  # buffer_size defaults to N
+    for step, (ids_N, correct_N) in enumerate(zip(ids_TN, num_correct_TN, strict=True)):
+        order = sorted((e[1], s) for s, e in enumerate(slots) if e is not None)[: num_groups // 2]
+        commits = []
+        for i, (_, slot) in enumerate(order):
+            prompt, _, pilot = slots[slot]
+            assert ids_N[i] == prompt, (step, i, ids_N, slots)
+            commits.append((prompt, pilot, correct_N[i]))
+            slots[slot] = None
+        for i in range(len(order), num_groups):
+            if lower <= correct_N[i] / n_mean <= 1 - upper:
+                free = [s for s, e in enumerate(slots) if e is None]
+                if free:
+                    slots[free[0]] = (ids_N[i], step, correct_N[i])
+        slots = [e if e is None or step - e[1] < max_off else None for e in slots]
+        taken.append(commits)
+    return taken
+
+
+def test_pilot_commit_steps_along_the_exact_gradient_of_each_pilot_and_commit_pair(rivals):
+    output = rivals["outputs"]["pilot_commit"]
+    trace, pool = output.trace, output.pool
+    sizes = []
+    for seed in range(trace.updated.shape[0]):
+        taken = replay_pilot_commit(
+            trace.prompt_ids[seed],
+            trace.num_correct[seed],
+            n_mean=TINY.n_mean,
+            max_off=TINY.pilot_commit["max_off_steps"],
+        )
+        np.testing.assert_array_equal(trace.updated[seed], [bool(t) for t in taken])
+        theta_TL = np.concatenate([trace.theta[seed], output.final_theta[seed][None]])
+        for step, commits in enumerate(taken):
+            if not commits:  # no commit: the logits stay, to the bit
+                np.testing.assert_array_equal(theta_TL[step + 1], theta_TL[step])
+                continue
+            sizes.append(len(commits))
+            groups = [
+                (pool.level_P[seed][p], pool.offset_P[seed][p], pilot + commit)
+                for p, pilot, commit in commits
+            ]
+            # Each pair is one group of 2 * n_mean rollouts.
+            expected_L = reference_gradient(theta_TL[step], groups, 2 * TINY.n_mean)
+            step_L = (theta_TL[step + 1] - theta_TL[step]) / TINY.learning_rate  # plain SGD
+            np.testing.assert_allclose(step_L, expected_L, rtol=1e-4, atol=1e-5, err_msg=step)
+    assert max(sizes) == TINY.num_prompts // 2 and min(sizes) < TINY.num_prompts // 2, sizes

@@ -3,8 +3,9 @@
 Every run is a subprocess of `experiments/train.py` (through `tests/train/_resume_child.py`, which
 adds a reward a random policy earns and the kill hooks) on the tiny config in
 `_resume_config.py`: 8 steps, a checkpoint every step, the last two kept. For
-`dynamic_sampling` (whose state holds the buffer of groups waiting for an update) and `gdro_both`
-(whose state holds every controller's: classifier, Prompt-GDRO and Rollout-GDRO) an
+`dynamic_sampling` (whose state holds the buffer of groups waiting for an update), `pilot_commit`
+(its replay buffer of piloted prompts, deferrals and evictions) and `gdro_both` (whose state holds
+every controller's: classifier, Prompt-GDRO and Rollout-GDRO) an
 uninterrupted run is compared with a run SIGKILLed right after step 4's checkpoint and resumed:
 the metrics rows (all but `time/*`) and every leaf of the final state must be bit-identical.
 Copies of the killed `gdro_both` run are resumed and interrupted once more, differently:
@@ -85,9 +86,9 @@ def _snapshot(folder):
     return files
 
 
-# Dynamic sampling's state adds the buffer of groups waiting for an update; gdro_both's every
-# controller's. (GRPO's state is a part of both.)
-RESUMED = ("dynamic_sampling", "gdro_both")
+# Dynamic sampling's state adds the buffer of groups waiting for an update; Pilot-Commit's its
+# replay buffer; gdro_both's every controller's. (GRPO's state is a part of all three.)
+RESUMED = ("dynamic_sampling", "pilot_commit", "gdro_both")
 
 
 @pytest.fixture(scope="module")
@@ -127,6 +128,7 @@ def runs(tmp_path_factory):
     # Phase 3: resumes (two of them interrupted again), the damaged copy, a changed config.
     results = _phase(
         _job(killed["dynamic_sampling"], "dynamic_sampling", **cache),
+        _job(killed["pilot_commit"], "pilot_commit", **cache),
         _job(killed["gdro_both"], "gdro_both", **cache),
         _job(copies["corrupt"], "gdro_both", **cache),
         _job(copies["in_save"], "gdro_both", GDRO_TEST_KILL_IN_SAVE=6, **cache),
@@ -139,7 +141,8 @@ def runs(tmp_path_factory):
         ),
         _job(refused, "dynamic_sampling", "--config.optimizer.learning_rate=0.5", **cache),
     )
-    names = ["dynamic_sampling", "gdro_both", "corrupt", "in_save", "sigterm", "refused"]
+    names = ["dynamic_sampling", "pilot_commit", "gdro_both", "corrupt", "in_save", "sigterm",
+             "refused"]  # fmt: skip
     out["phase3"] = dict(zip(names, results, strict=True))
     out["in_save_after_kill"] = sorted(os.listdir(copies["in_save"] / "checkpoints"))
     out["sigterm_after_term"] = sorted(os.listdir(copies["sigterm"] / "checkpoints"))
@@ -204,6 +207,9 @@ def test_the_uninterrupted_runs_learn_something(runs):
     # The kill after step 4 leaves groups waiting in the buffer (restored with the state).
     rows = _rows(runs["full"]["dynamic_sampling"])
     assert rows[3]["filter/buffered"] > 0 and sum(row["filter/updated"] for row in rows) >= 2
+    # And piloted prompts waiting for their commit, some of them committed after the resume.
+    rows = _rows(runs["full"]["pilot_commit"])
+    assert rows[3]["filter/buffered"] > 0 and sum(row["filter/committed"] for row in rows[4:]) > 0
 
 
 def test_the_killed_runs_died_by_sigkill_after_step_4(runs):

@@ -101,6 +101,51 @@ def test_grpo_step_equals_a_hand_written_reference():
     assert float(metrics["reward"]) == pytest.approx(float(rollouts.rewards.mean()))
 
 
+@pytest.mark.slow
+def test_a_pilot_commit_update_equals_the_reference_on_each_pilot_and_commit_pair():
+    """Two rounds of Pilot-Commit: the first only pilots (no update); the second commits to the
+    prompts it kept, and its update equals the hand-written GRPO reference on the staged pairs,
+    each prompt's buffered pilot rollouts and this round's commit rollouts as one group."""
+    config = _config("pilot_commit")
+    run = train.build_run(config)
+    n_mean, num_prompts = config.n_mean, config.num_prompts
+    state = run.state
+    for seed in (2, 3):
+        before = jax.tree.map(jnp.copy, state)  # the update donates the state it is given
+        ids = jnp.asarray(next(run.prompt_batches), jnp.int32)
+        plan = run.plan(state.gdro, ids, jax.random.key(seed))
+        rollouts = _synthetic_rollouts(run._replace(state=state), plan, plan.prompt_ids, seed)
+        state, metrics = run.update(state, plan, plan.prompt_ids, rollouts)
+    selection = plan.selections["group_filter"]
+    committed = np.asarray(selection.committed)
+    k = int(committed.sum())
+    assert k >= 2 and bool(metrics["filter/updated"])
+    # The staged rows written out: row 2i the buffered pilot of commit i, row 2i + 1 its commit.
+    pilots = before.gdro.filter.pilots
+    fresh = jax.tree.map(lambda x: x.reshape(num_prompts, n_mean, *x.shape[1:]), rollouts)
+    rows = []
+    for i in range(num_prompts // 2):
+        slot = int(selection.slots[i])
+        for source in (pilots, fresh):
+            row = jax.tree.map(lambda x: np.asarray(x[slot if source is pilots else i]), source)
+            rows.append(row if i < k else jax.tree.map(np.zeros_like, row))
+    held = jax.tree.map(lambda *r: jnp.asarray(np.concatenate(r)), *rows)
+    pairs = np.repeat(np.arange(num_prompts) // 2, n_mean)
+    _, perm_key = jax.random.split(before.key)
+    expected = _reference_grpo_update(
+        run.program.graphdef,
+        before.params,
+        configs.make_optimizer(configs.OptimizerConfig.from_block(config.optimizer)),
+        before.opt_state,
+        held,
+        pairs,
+        jax.random.permutation(perm_key, num_prompts * n_mean),
+        config,
+    )
+    for got, want in zip(jax.tree.leaves(state.params), jax.tree.leaves(expected), strict=True):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, rtol=1e-5)
+
+
 # A pool of 16; the R = 32 rollouts sampled by 8 decode slots of the continuous batch, so the
 # sampler's queue refills slots under allocations that change from step to step. Adam's eps at
 # 1e-4 (as tests/train/test_grad_accumulation.py): its step lr g / (|g| + eps) then has slope at
@@ -265,13 +310,9 @@ def _even_prompts_parity_reward(prompt_ids, tokens, lengths, prompt_of_slot):
     return jnp.where(even, rewards, -1.0), correct & even
 
 
-def test_dynamic_sampling_updates_only_on_a_full_buffer_of_groups_with_a_signal():
-    """DAPO's rounds in the trainer (the parity reward on half the prompts): the parameters
-    move exactly on the rounds whose buffer filled or hit the round cap (a partial buffer, its
-    empty groups without tokens, still a finite step), the optimizer counts those updates, and
-    every kept group is mixed."""
-    config = _config("dynamic_sampling", **{"task.pool_size": 16, "dynamic_sampling.max_rounds": 2})
-    run = train.build_run(config, reward_fn=_even_prompts_parity_reward)
+def _six_steps_compiled_once(run):
+    """Six steps of `run`: the final state, each step's metrics and whether it moved the
+    parameters; each phase compiled once."""
     state, rows, moved = run.state, [], []
     for _ in range(6):
         before = jax.tree.map(np.asarray, state.params)
@@ -283,6 +324,17 @@ def test_dynamic_sampling_updates_only_on_a_full_buffer_of_groups_with_a_signal(
         )  # fmt: skip
     for phase in (run.plan, run.rollout, run.reward, run.update):
         assert phase._cache_size() == 1
+    return state, rows, moved
+
+
+def test_dynamic_sampling_updates_only_on_a_full_buffer_of_groups_with_a_signal():
+    """DAPO's rounds in the trainer (the parity reward on half the prompts): the parameters
+    move exactly on the rounds whose buffer filled or hit the round cap (a partial buffer, its
+    empty groups without tokens, still a finite step), the optimizer counts those updates, and
+    every kept group is mixed."""
+    config = _config("dynamic_sampling", **{"task.pool_size": 16, "dynamic_sampling.max_rounds": 2})
+    run = train.build_run(config, reward_fn=_even_prompts_parity_reward)
+    state, rows, moved = _six_steps_compiled_once(run)
     updated = [bool(row["filter/updated"]) for row in rows]
     assert moved == updated and any(updated), (moved, updated)
     assert any(row["filter/partial"] for row in rows) and not any(row["skipped"] for row in rows)
@@ -298,5 +350,35 @@ def test_dynamic_sampling_updates_only_on_a_full_buffer_of_groups_with_a_signal(
         assert int(row["filter/buffered"]) == held
     assert int(state.gdro.filter.updates) == sum(updated)
     # Adam's step count: num_minibatches optimizer steps per update, none on the other rounds.
+    counts = {int(leaf) for leaf in jax.tree.leaves(state.opt_state) if leaf.ndim == 0}
+    assert counts == {sum(updated) * config.grpo.num_minibatches}
+
+
+@pytest.mark.slow
+def test_pilot_commit_commits_to_prompts_its_pilots_kept_and_compiles_once():
+    """Pilot-Commit in the trainer (the parity reward on even prompts; odd ones are too hard):
+    every prompt committed was kept by a pilot at most `max_off_steps` rounds before, every
+    kept pilot's rate lies in [lower, 1 - upper], the parameters move exactly on the rounds that
+    commit, each phase compiles once, and every round samples all R slots, pilots included."""
+    config = _config("pilot_commit", **{"task.pool_size": 32, "pilot_commit.max_off_steps": 2})
+    run = train.build_run(config, reward_fn=_even_prompts_parity_reward)
+    n_mean, lower, upper = config.n_mean, config.pilot_commit.lower, config.pilot_commit.upper
+    state, rows, moved = _six_steps_compiled_once(run)
+    updated = [bool(row["filter/updated"]) for row in rows]
+    assert moved == updated and sum(updated) >= 3, (moved, updated)
+    kept_at = {}  # prompt -> the round its pilot kept it
+    for t, row in enumerate(rows):
+        ids, correct = row["prompt/ids"], row["prompt/correct"]
+        committed, kept = row["prompt/committed"].astype(bool), row["prompt/kept"].astype(bool)
+        assert committed.tolist() == sorted(committed.tolist(), reverse=True)  # commits first
+        for prompt in ids[committed]:
+            assert 1 <= t - kept_at.pop(int(prompt)) <= 2, (t, prompt)
+        rate = correct[kept] / n_mean
+        assert np.all((rate >= lower) & (rate <= 1 - upper)), rate
+        assert not np.any(ids[kept] % 2), "an odd prompt (always wrong) was kept"
+        kept_at.update({int(prompt): t for prompt in ids[kept]})
+        assert int(row["tokens"]) > 0 and len(row["prompt/rollouts"]) == config.num_prompts
+        assert int(np.sum(row["prompt/rollouts"])) == config.num_prompts * n_mean
+        kept_at = {p: s for p, s in kept_at.items() if t - s < 2}  # flushed after 2 rounds
     counts = {int(leaf) for leaf in jax.tree.leaves(state.opt_state) if leaf.ndim == 0}
     assert counts == {sum(updated) * config.grpo.num_minibatches}
