@@ -1,7 +1,10 @@
-"""The declared study of issue 17: eight arms x 5 seeds on each profile, at equal rollout compute.
+"""The declared study of issue 17: eight arms x 5 seeds on each profile, at equal rollout compute;
+with issue 45's arms 9 and 10 (VIP, Pilot-Commit), ten arms as `<profile>_10`.
 
     make study PROFILE=graded     # or PROFILE=cliff; resumes from what results/ holds
     python -m experiments.compare --config=experiments/configs/rivals_study.py:graded \\
+        --workdir=runs/study_graded --results=results/study_graded --results_md=RESULTS.md
+    python -m experiments.compare --config=experiments/configs/rivals_study.py:graded_10 \\
         --workdir=runs/study_graded --results=results/study_graded --results_md=RESULTS.md
 
 Declared here and in RESULTS.md before the first full run; not edited after seeing results.
@@ -47,13 +50,23 @@ ARMS = {
     "knapsack": "method=knapsack",
     "mopps": "method=mopps",
 }
+# Issue 45: arms 9 and 10, declared (RESULTS.md) before their first full run, each with the
+# defaults of its config block, as the eight arms above. `<profile>_10` is the ten-arm study;
+# its runs go into the same store as the eight arms' (none of those is rerun).
+ARMS_2026 = {
+    "vip": "method=vip",
+    "pilot_commit": "method=pilot_commit",
+}
 SNAPSHOT_STEPS = (50, 100)  # 1/3 and 2/3 of the 150 steps
 GRADED_TEST_PER_LEVEL = (100,) * 5 + (300,) * 5  # levels 1-5, then the frontier 6-10
 
 
 def get_config(profile: str = "cliff") -> ml_collections.ConfigDict:
+    """The declared study on `profile` (eight arms), or `<profile>_10` (the ten arms)."""
+    profile, ten = (profile[:-3], True) if profile.endswith("_10") else (profile, False)
     if profile not in PROFILES:
-        raise ValueError(f"the profile must be one of {PROFILES}, got {profile!r}")
+        names = (*PROFILES, *(f"{p}_10" for p in PROFILES))
+        raise ValueError(f"the profile must be one of {names}, got {profile!r}")
     config = study.get_config()  # the cliff: issue 13's setup, test split and primary metric
     config.name = profile  # names the RESULTS.md block this study writes
     if profile == "graded":
@@ -66,8 +79,9 @@ def get_config(profile: str = "cliff") -> ml_collections.ConfigDict:
         config.train.steps = 150
         config.train.tensorboard = False
         config.train.checkpoint.every_steps = 50
-    config.arms = ml_collections.ConfigDict(ARMS)
-    config.run = ",".join(ARMS)  # GRPO first
+    arms = {**ARMS, **ARMS_2026} if ten else ARMS
+    config.arms = ml_collections.ConfigDict(arms)
+    config.run = ",".join(arms)  # GRPO first
     config.baseline = "grpo"
     config.seeds = 5
     config.train.checkpoint.snapshot_steps = SNAPSHOT_STEPS
