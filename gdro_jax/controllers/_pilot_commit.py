@@ -178,6 +178,7 @@ def pilot_commit(
         raise ValueError(f"reward_values must be (wrong, correct), got {reward_values!r}")
     midpoint = 0.5 * (float(reward_values[0]) + float(reward_values[1]))
     half = num_groups // 2
+    commits = min(half, buffer_size)  # the most prompts a round commits
 
     def init(example_groups) -> PilotCommitState:
         check_groups(example_groups, num_groups)
@@ -210,8 +211,8 @@ def pilot_commit(
         valid = state.pilot_ids >= 0
         # The oldest buffered prompts commit (stable: equal ages keep their slot order).
         order = jnp.argsort(jnp.where(valid, state.pilot_round, _NEVER), stable=True)
-        slots = jnp.zeros((num_groups,), jnp.int32).at[:half].set(order[:half])
-        committed = (jnp.arange(num_groups) < half) & valid[slots]
+        slots = jnp.zeros((num_groups,), jnp.int32).at[:commits].set(order[:commits])
+        committed = (jnp.arange(num_groups) < commits) & valid[slots]
         slots = jnp.where(committed, slots, buffer_size)
         # Candidates: never a buffered prompt or a deferred one still waiting.
         buffered = jnp.zeros((num_prompts,), bool).at[state.pilot_ids].set(True, mode="drop")

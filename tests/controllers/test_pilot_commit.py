@@ -215,6 +215,20 @@ def test_staged_pairs_are_one_group_each_in_the_composition():
     assert readies >= 4
 
 
+def test_a_buffer_smaller_than_half_a_round_commits_each_prompt_once():
+    part = controllers.pilot_commit(N, D, buffer_size=1)
+    state = part.init({"success": jnp.zeros((N, N_MEAN), bool)})
+    rewards = jnp.where(jnp.arange(N_MEAN) < 2, 1.0, -1.0) * jnp.ones((N, 1))  # every p = 0.5
+    for t in range(3):
+        selection = part.select(state, jnp.zeros((N,), jnp.int32), jax.random.key(t))
+        assert int(selection.committed.sum()) == (0 if t == 0 else 1)
+        assert len(set(np.asarray(selection.prompt_ids).tolist())) == N
+        groups = {"success": rewards > 0}
+        state, info = part.add(state, groups, keep=part.keep(rewards), rewards_NG=rewards,
+                               selection=selection)  # fmt: skip
+        _, _, state = part.take(state)
+
+
 @pytest.mark.parametrize(
     "kwargs, field",
     [
