@@ -215,7 +215,8 @@ def pilot_commit(
         committed = (jnp.arange(num_groups) < commits) & valid[slots]
         slots = jnp.where(committed, slots, buffer_size)
         # Candidates: never a buffered prompt or a deferred one still waiting.
-        buffered = jnp.zeros((num_prompts,), bool).at[state.pilot_ids].set(True, mode="drop")
+        held = jnp.where(valid, state.pilot_ids, num_prompts)  # an empty slot (-1) marks none
+        buffered = jnp.zeros((num_prompts,), bool).at[held].set(True, mode="drop")
         waiting = state.deferred_until > state.rounds
         due = (state.deferred_until > 0) & ~waiting
         score = (

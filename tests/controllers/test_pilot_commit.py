@@ -215,6 +215,15 @@ def test_staged_pairs_are_one_group_each_in_the_composition():
     assert readies >= 4
 
 
+def test_every_prompt_of_the_pool_can_be_drawn_beside_empty_buffer_slots():
+    """An empty buffer slot (id -1) blocks no prompt: the last one of the pool is drawn too."""
+    part = _part()
+    state = part.init({"success": jnp.zeros((N, N_MEAN), bool)})
+    draws = jax.vmap(lambda key: part.select(state, jnp.zeros((N,), jnp.int32), key).prompt_ids)
+    drawn = np.asarray(draws(jax.random.split(jax.random.key(0), 200)))
+    assert set(drawn.ravel().tolist()) == set(range(D))
+
+
 def test_a_buffer_smaller_than_half_a_round_commits_each_prompt_once():
     part = controllers.pilot_commit(N, D, buffer_size=1)
     state = part.init({"success": jnp.zeros((N, N_MEAN), bool)})
