@@ -14,6 +14,9 @@ from gdro_jax import rewards
 
 DISAGREEMENTS_FILE = Path(__file__).with_name("grader_disagreements.json")
 TIMEOUT_S = 1.5
+# The labelled completions are graded for their verdicts, not their speed: one item takes 0.6 s
+# alone and more on a loaded CI machine, so their pool's limit is far above any item's time.
+LABELLED_TIMEOUT_S = 60.0
 
 
 @pytest.fixture(scope="module")
@@ -23,11 +26,12 @@ def grader():
 
 
 @pytest.fixture(scope="module")
-def labelled_grades(grader, labelled_completions):
-    return grader.grade_items(
-        [row["completion"] for row in labelled_completions],
-        [row["answer"] for row in labelled_completions],
-    )
+def labelled_grades(labelled_completions):
+    with rewards.MathGrader(num_workers=2, timeout_s=LABELLED_TIMEOUT_S) as pool:
+        return pool.grade_items(
+            [row["completion"] for row in labelled_completions],
+            [row["answer"] for row in labelled_completions],
+        )
 
 
 def synthetic_items(count):
