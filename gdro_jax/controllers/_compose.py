@@ -98,9 +98,9 @@ class Filtered(NamedTuple):
     filled: jax.Array | None  # [N] bool which of `groups` hold one
     # [N] int32 the GRPO group of each row of `groups` (a group may span rows: Pilot-Commit's
     # pilot and commit); None: no filter.
-    group_of_row: jax.Array | None = None
+    group_of_row: jax.Array | None
     # The round's report of each group filter held (its protocol's `metrics`), by name.
-    reports: Mapping[str, Mapping[str, jax.Array]] = {}
+    reports: Mapping[str, Mapping[str, jax.Array]]
 
 
 # Where `plan` takes each prompt's bin from: its own classification (ours), or the classification

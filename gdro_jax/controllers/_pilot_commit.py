@@ -351,6 +351,9 @@ def pilot_commit(
             "filter/expired": info.expired,
             "filter/evicted": jnp.sum(state.evicted, dtype=jnp.int32),
             "filter/updates": state.updates,
+            "filter/piloted_total": state.piloted,
+            "filter/committed_total": state.committed,
+            "filter/expired_total": state.expired,
             "prompt/kept": info.kept.astype(jnp.int32),
             "prompt/committed": info.committed.astype(jnp.int32),
         }

@@ -23,11 +23,13 @@ MAX_OFF, DEFER = 2, 3
 class Reference:
     """Pilot-Commit's rule with Python containers and loops."""
 
-    def __init__(self):
-        self.slots = [None] * C  # (prompt, round piloted, pilot rows) or None
+    def __init__(self, buffer_size=C, max_off=MAX_OFF):
+        self.max_off = max_off
+        self.slots = [None] * buffer_size  # (prompt, round piloted, pilot rows) or None
         self.deferred_until = {}  # prompt -> the round it returns in
         self.evicted = set()
         self.rounds = 0
+        self.totals = {"piloted": 0, "committed": 0, "expired": 0}  # over the run
 
     def check_selection(self, ids, committed):
         """The commits are the oldest buffered prompts; the candidates follow the draw's rules."""
@@ -62,6 +64,8 @@ class Reference:
             assert prompt == ids[i]
             staged += [pilot, rows[i]]
             self.slots[slot] = None
+        self.totals["committed"] += k
+        self.totals["piloted"] += N - k
         for i in range(k, N):
             prompt, rate = int(ids[i]), rows[i].mean()
             self.deferred_until.pop(prompt, None)
@@ -74,8 +78,9 @@ class Reference:
             if rate >= 1.0:
                 self.evicted.add(prompt)
         for slot, entry in enumerate(self.slots):
-            if entry is not None and self.rounds - entry[1] >= MAX_OFF:
+            if entry is not None and self.rounds - entry[1] >= self.max_off:
                 self.slots[slot] = None
+                self.totals["expired"] += 1
         self.rounds += 1
         return staged
 
@@ -107,10 +112,12 @@ def pilot_commit_round():
     return get
 
 
-def _run(part, compiled, rounds=40, check=True):
-    """Drives `part` for `rounds` rounds against `Reference`; returns the ids of every round."""
+def _run(part, compiled, rounds=40, check=True, reference=None):
+    """Drives `part` for `rounds` rounds against `reference` (a `Reference()` by default, whose
+    buffer size and flush age must be the part's); returns the ids of every round and the
+    reference."""
     select, add, take = compiled
-    reference = Reference()
+    reference = Reference() if reference is None else reference
     rng = np.random.default_rng(1)
     rate = _rates()
     example = {"success": jnp.zeros((N, N_MEAN), bool), "prompt": jnp.zeros((N,), jnp.int32)}
@@ -145,15 +152,29 @@ def _run(part, compiled, rounds=40, check=True):
             until = np.asarray(state.deferred_until)
             assert {p: int(until[p]) for p in np.flatnonzero(until)} == reference.deferred_until
             assert bool(info.ready) == (len(staged) > 0)
+            report = part.metrics(state, info)
+            totals = {name: int(report[f"filter/{name}_total"]) for name in reference.totals}
+            assert totals == reference.totals, f"round {t}"
         state = emptied if bool(info.ready) else state
-    return drawn
+    return drawn, reference
 
 
 def test_forty_rounds_equal_the_reference(pilot_commit_round):
     part = _part()
-    drawn = _run(part, pilot_commit_round(part))
+    drawn, reference = _run(part, pilot_commit_round(part))
     # The run exercised every branch: commits, deferrals that came back, evictions.
     assert sum(int(p) in range(3) for ids in drawn for p in ids) > 6
+    assert reference.evicted and reference.totals["committed"] > 0
+
+
+def test_buffered_prompts_expire_after_max_off_steps(pilot_commit_round):
+    """With a buffer of N and one round off, more is kept than the N / 2 commits of the next
+    round can take: the rest is flushed, as the reference flushes it, and counted."""
+    part = _part(buffer_size=N, max_off_steps=1)
+    _, reference = _run(
+        part, pilot_commit_round(part), rounds=20, reference=Reference(buffer_size=N, max_off=1)
+    )
+    assert reference.totals["expired"] > 0
 
 
 def test_swapped_thresholds_keep_other_candidates(pilot_commit_round):
@@ -166,7 +187,7 @@ def test_swapped_thresholds_keep_other_candidates(pilot_commit_round):
 
 def test_a_deferred_prompt_returns_first_defer_steps_rounds_later(pilot_commit_round):
     part = _part()
-    drawn = _run(part, pilot_commit_round(part), rounds=30, check=False)
+    drawn, _ = _run(part, pilot_commit_round(part), rounds=30, check=False)
     hopeless = set(range(3))  # rate 0: too hard at every pilot
     for t, ids in enumerate(drawn[:-DEFER]):
         for p in set(ids.tolist()) & hopeless:
@@ -177,7 +198,7 @@ def test_a_deferred_prompt_returns_first_defer_steps_rounds_later(pilot_commit_r
 
 def test_a_solved_prompt_is_evicted_and_never_drawn_again(pilot_commit_round):
     part = _part()
-    drawn = _run(part, pilot_commit_round(part), rounds=30, check=False)
+    drawn, _ = _run(part, pilot_commit_round(part), rounds=30, check=False)
     solved = set(range(3, 7))  # rate 1: solved at every pilot
     first = {}
     for t, ids in enumerate(drawn):
