@@ -16,13 +16,14 @@ from __future__ import annotations
 import json
 import pathlib
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
 
 from gdro_jax.plots._style import colors_for, shows_mu, shows_q
+
+if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn: commands start faster
+    from matplotlib.figure import Figure
 
 Rows = Sequence[Mapping[str, Any]]  # a run's step metrics, one dict a step, each with "step"
 PLOTS_DIR = "plots"
@@ -31,6 +32,12 @@ CURRICULUM_FIGURE = "curriculum.png"
 SHADOW_PRICE_FIGURE = "shadow_price.png"
 # Labels of the curves (metric name -> axis label).
 CURVES = {"reward": "mean reward", "accuracy": "training accuracy"}
+
+
+def _integer_ticks():
+    from matplotlib.ticker import MaxNLocator
+
+    return MaxNLocator(integer=True)
 
 
 def _column(rows: Rows, name: str) -> np.ndarray:
@@ -63,6 +70,8 @@ def plot_curves(
       window: steps per moving average; 1 draws the raw values only.
     """
     colors = colors_for(runs)
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(4.6 * len(names), 3.4), layout="constrained")
     axes = fig.subplots(1, len(names), squeeze=False)[0]
     longest = max(len(rows) for rows in runs.values())
@@ -77,7 +86,7 @@ def plot_curves(
             ax.plot(steps, smooth, color=colors[label], label=label, marker=marker, ms=3)
         averaged = f"moving average of {window} steps" if window > 1 else "per step"
         ax.set(xlabel="RL step", ylabel=averaged, title=CURVES.get(name, name))
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.xaxis.set_major_locator(_integer_ticks())
         ax.grid(alpha=0.3)
     if len(runs) > 1:
         axes[-1].legend(fontsize=8)
@@ -92,7 +101,7 @@ def _heatmap(ax, steps: np.ndarray, values_TB: np.ndarray, *, cmap: str, vmax: f
     """`values_TB` as an image over step x bin (bin 0 at the bottom), each step one column; NaN
     cells are left blank (grey)."""
     ax.set_facecolor("0.8")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(_integer_ticks())
     return ax.imshow(
         values_TB.T,
         aspect="auto",
@@ -131,6 +140,8 @@ def plot_curriculum(runs: Mapping[str, Rows]) -> Figure:
     panel_rows.append(("rollouts", "rollouts per prompt\nin the bin", "magma"))
     colors = colors_for(labels)
     width = 3.3 * len(labels) + 1.4 if len(labels) > 1 else 6.4
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(width, 2.2 * len(panel_rows) + 0.5), layout="constrained")
     axes = fig.subplots(len(panel_rows), len(labels), squeeze=False)
     for j, label in enumerate(labels):  # a column per run, headed by its name in its colour
@@ -162,6 +173,8 @@ def plot_shadow_price(runs: Mapping[str, Rows]) -> Figure:
     if not shown:
         raise ValueError(f"no run among {list(runs)} has a shadow price (Rollout-GDRO's mu)")
     colors = colors_for(shown)
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(5.2, 3.4), layout="constrained")
     ax = fig.subplots()
     for label, rows in shown.items():
@@ -169,7 +182,7 @@ def plot_shadow_price(runs: Mapping[str, Rows]) -> Figure:
         steps, mu = _column(rows, "step"), _column(rows, "mu")
         ax.plot(steps, mu, color=colors[label], label=label, marker=marker, ms=3)
     ax.set(xlabel="RL step", ylabel="mu", title="Rollout-GDRO's shadow price mu")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(_integer_ticks())
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return fig

@@ -25,7 +25,6 @@ import time
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-import matplotlib.pyplot as plt
 import numpy as np
 
 from gdro_jax.controllers import METHODS
@@ -152,6 +151,8 @@ def run_experiment(config: Mapping[str, Any], workdir: str) -> ExperimentResult:
         ),
         "controller_signals.png": plot_controller_signals(outputs),
     }
+    import matplotlib.pyplot as plt  # here, not at the top: commands start faster
+
     for name, figure in figures.items():
         figure.savefig(os.path.join(workdir, name), dpi=110)
         plt.close(figure)

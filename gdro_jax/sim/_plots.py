@@ -5,19 +5,25 @@ matplotlib `Figure` with one panel per method; curves are means over seeds. The 
 shows it.
 """
 
-from collections.abc import Mapping
+from __future__ import annotations
 
-import matplotlib.pyplot as plt
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
 import numpy as np
-from matplotlib.figure import Figure
 
 from gdro_jax.controllers import METHODS
 from gdro_jax.plots import colors_for, shows_mu
 from gdro_jax.sim._report import Interval
 from gdro_jax.sim._simulate import SimOutput
 
+if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn: commands start faster
+    from matplotlib.figure import Figure
+
 
 def _panels(num_methods: int, height: float = 3.2) -> tuple[Figure, np.ndarray]:
+    import matplotlib.pyplot as plt
+
     fig, axes = plt.subplots(
         1, num_methods, figsize=(4.2 * num_methods, height), squeeze=False, constrained_layout=True
     )
@@ -63,6 +69,8 @@ def plot_q_heatmap(outputs: Mapping[str, SimOutput]) -> Figure:
 
 def plot_rollouts_per_bin(outputs: Mapping[str, SimOutput], smooth: int = 5) -> Figure:
     """Stacked rollouts per bin over steps (they sum to R every step), mean over seeds."""
+    import matplotlib.pyplot as plt
+
     fig, axes = _panels(len(outputs))
     for ax, (method, output) in zip(axes, outputs.items(), strict=True):
         rollouts_TB = _smooth(np.asarray(output.trace.rollouts_per_bin).mean(axis=0), smooth)
@@ -92,6 +100,8 @@ def plot_pass_rate_per_level(outputs: Mapping[str, SimOutput], metric: str = "pa
       outputs: `{method: SimOutput}`.
       metric: "pass1" or "pass_k" (the trace field).
     """
+    import matplotlib.pyplot as plt
+
     fig, axes = _panels(len(outputs))
     for ax, (method, output) in zip(axes, outputs.items(), strict=True):
         rate_TL = np.asarray(getattr(output.trace, metric)).mean(axis=0)
@@ -117,6 +127,8 @@ def plot_final_by_level(
       summary: from `summarize`.
       metric: a key of `summary` ("pass@1" or "pass@8").
     """
+    import matplotlib.pyplot as plt
+
     per_method = summary[metric]
     methods = list(per_method)
     colors = colors_for(methods)
@@ -153,6 +165,8 @@ def plot_controller_signals(outputs: Mapping[str, SimOutput], smooth: int = 5) -
     far (fewer than the steps under dynamic sampling, whose steps are rounds). The shadow price
     mu is drawn for the methods that have one (`plots.shows_mu`): every method's trace holds the
     mu Rollout-GDRO would set, but only those whose rollouts it allocates pay it."""
+    import matplotlib.pyplot as plt
+
     fields = (
         ("mu", "Rollout-GDRO shadow price mu", "mu"),
         ("lead_lag_gap", "lead-lag gap sum_b b (q - share)", "gap (bins)"),

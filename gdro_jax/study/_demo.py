@@ -21,7 +21,6 @@ from typing import Any
 import ml_collections
 import numpy as np
 from flax import nnx
-from matplotlib.figure import Figure
 
 from gdro_jax import configs, controllers, models, plots, tasks
 from gdro_jax import eval as evaluation
@@ -108,6 +107,8 @@ def _plot_pass_at_k(
     labels = [f"L{lv}" for lv in levels] + ["pooled"]
     width = 0.8 / len(methods)
     colors = plots.colors_for(methods)
+    from matplotlib.figure import Figure  # here, not at the top: commands start faster
+
     fig = Figure(figsize=(8, 3.5))
     ax = fig.subplots()
     for i, method in enumerate(methods):

@@ -24,13 +24,15 @@ markdown table and `plot_premise` a figure of one or more profiles side by side.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 from jax.typing import ArrayLike
-from matplotlib.figure import Figure
 
 from gdro_jax import tasks
+
+if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn: commands start faster
+    from matplotlib.figure import Figure
 
 MAX_BIN_SHARE = 0.6
 MIN_MIDDLE_SHARE = 0.25
@@ -236,6 +238,8 @@ def plot_premise(
     Returns:
       The matplotlib Figure (Agg; save it with `savefig`).
     """
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(5.0 * len(profiles), 7.0), layout="constrained")
     axes = fig.subplots(2, len(profiles), squeeze=False)
     rng = np.random.default_rng(0)  # jitter only
