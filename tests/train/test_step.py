@@ -377,8 +377,13 @@ def test_pilot_commit_commits_to_prompts_its_pilots_kept_and_compiles_once():
         assert np.all((rate >= lower) & (rate <= 1 - upper)), rate
         assert not np.any(ids[kept] % 2), "an odd prompt (always wrong) was kept"
         kept_at.update({int(prompt): t for prompt in ids[kept]})
-        assert int(row["tokens"]) > 0 and len(row["prompt/rollouts"]) == config.num_prompts
-        assert int(np.sum(row["prompt/rollouts"])) == config.num_prompts * n_mean
+        # All R slots sampled and counted: the tokens are R times the mean response length
+        # (the mean over every slot, pilots included), each response 1 to max_new_tokens long.
+        slots = config.num_prompts * n_mean
+        assert len(row["prompt/rollouts"]) == config.num_prompts
+        assert int(np.sum(row["prompt/rollouts"])) == slots
+        np.testing.assert_allclose(row["tokens"], slots * row["response_length"], rtol=1e-6)
+        assert slots <= row["tokens"] <= slots * config.max_new_tokens
         kept_at = {p: s for p, s in kept_at.items() if t - s < 2}  # flushed after 2 rounds
     counts = {int(leaf) for leaf in jax.tree.leaves(state.opt_state) if leaf.ndim == 0}
     assert counts == {sum(updated) * config.grpo.num_minibatches}
