@@ -199,6 +199,7 @@ def test_bytes_of_another_state_are_refused_naming_the_field():
         HostControllers.from_bytes(ADVERSARIES["grpo"], b"\x00 not msgpack")
 
 
+@pytest.mark.slow
 def test_the_benchmark_runs_small(capsys):
     """`benchmarks/host_api.py` end to end on a tiny pool: a row per method, every time > 0."""
     from benchmarks import host_api
