@@ -4,8 +4,8 @@ shared data files.
 
 The cache (`JAX_COMPILATION_CACHE_DIR`, a temporary folder unless already set) is shared by both
 pytest-xdist workers and every subprocess a test starts: many tests build the same tiny runs, and
-a program compiled once (those over jax's 1 s threshold) is loaded from it afterwards (about a
-sixth of the trainer tests' time). It changes no result: a loaded executable is the compiled one.
+a program compiled once (any program: jax's 1 s threshold is set to 0) is loaded from it
+afterwards (about a sixth of the trainer tests' time, and a tenth more without the threshold). It changes no result: a loaded executable is the compiled one.
 
 XLA's backend (LLVM) optimisation level is 0 unless `XLA_FLAGS` sets one: the tests' tiny programs
 are mostly compiled to run a few times, and LLVM's passes are most of their compile time (the
@@ -32,6 +32,11 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # the first process to load t
     _cache = tempfile.mkdtemp(prefix="gdro-jax-test-compile-cache-")  # controller, or pytest
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
     atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+# Every program goes into it, not only those over jax's 1 s of compile time: at optimisation
+# level 0 most of the suite's programs compile faster than that, and many are compiled again by
+# another test (the same tiny run built anew) or the other worker (a tenth of the trainer tests'
+# time here).
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 import jax  # noqa: E402
 
