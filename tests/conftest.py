@@ -5,7 +5,8 @@ shared data files.
 The cache (`JAX_COMPILATION_CACHE_DIR`, a temporary folder unless already set) is shared by both
 pytest-xdist workers and every subprocess a test starts: many tests build the same tiny runs, and
 a program compiled once (any program: jax's 1 s threshold is set to 0) is loaded from it
-afterwards (about a sixth of the trainer tests' time, and a tenth more without the threshold). It changes no result: a loaded executable is the compiled one.
+afterwards (about a sixth of the trainer tests' time, and a tenth more without the threshold).
+It changes no result: a loaded executable is the compiled one.
 
 XLA's backend (LLVM) optimisation level is 0 unless `XLA_FLAGS` sets one: the tests' tiny programs
 are mostly compiled to run a few times, and LLVM's passes are most of their compile time (the

@@ -9,6 +9,7 @@ its paired interval against the baseline ((+) above 0, (-) below, unmarked: with
 from __future__ import annotations
 
 import math
+from typing import Any
 
 MARKS_NOTE = (
     "(+) / (-): the paired {level} % interval of the arm's gain over `{base}` lies above / "
@@ -87,16 +88,25 @@ def _machines(summary: dict) -> list[str]:
     environments = summary.get("environments")
     if environments is None:
         return []
-    parts = []
+    # Records that differ only in what the line does not show (the code's commit, the platform
+    # string) make one entry: its files and the number of commits that made them.
+    machines: dict[str, dict[str, Any]] = {}
     for group in environments["recorded"]:
         env, cpu = group["environment"], group["environment"]["cpu"]
         wide = [f for f in cpu["vector_extensions"] if f.startswith(("avx", "amx", "sve"))]
         packages = env["packages"]
-        parts.append(
-            f"{len(group['runs'])} on {cpu['model']} ({', '.join(wide) or 'no AVX/SVE read'}; "
-            f"{env['backend']} {env['devices']['kind']}, jax {packages['jax']}, jaxlib "
-            f"{packages['jaxlib']})"
+        machine = (
+            f"{cpu['model']} ({', '.join(wide) or 'no AVX/SVE read'}; {env['backend']} "
+            f"{env['devices']['kind']}, jax {packages['jax']}, jaxlib {packages['jaxlib']}"
         )
+        entry = machines.setdefault(machine, {"files": 0, "commits": set()})
+        entry["files"] += len(group["runs"])
+        entry["commits"].add(env.get("commit"))
+    parts = []
+    for machine, entry in machines.items():
+        commits = len(entry["commits"] - {None})
+        by = f"; {commits} commits of the code" if commits > 1 else ""
+        parts.append(f"{entry['files']} on {machine}{by})")
     if environments["unrecorded"]:
         parts.append(
             f"{len(environments['unrecorded'])} with no record of their machine (made before "

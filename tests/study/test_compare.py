@@ -669,3 +669,13 @@ def test_the_summary_names_the_machines_that_made_its_files(tmp_path):
     last = study.format_tables(summary).splitlines()[-1]
     assert "2 on Some CPU (avx2; cpu cpu, jax 9.9, jaxlib 9.9)" in last
     assert "3 with no record of their machine" in last
+    # The same machine at two commits of the code: two records, one entry of the line.
+    for arm, commit in (("grpo", "a" * 40), ("gdro_both", "b" * 40)):
+        path = tmp_path / arm / "seed_1" / "eval_test.json"
+        record = {**machine, "commit": commit}
+        path.write_text(json.dumps({**json.loads(path.read_text()), "environment": record}))
+    summary = study.collect(config, tmp_path, check_stamps=False)
+    assert len(summary["environments"]["recorded"]) == 3
+    last = study.format_tables(summary).splitlines()[-1]
+    assert "4 on Some CPU (avx2; cpu cpu, jax 9.9, jaxlib 9.9; 2 commits of the code)" in last
+    assert last.count(" on Some CPU") == 1 and "1 with no record of their machine" in last
