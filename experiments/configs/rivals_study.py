@@ -1,5 +1,6 @@
 """The declared study of issue 17: eight arms x 5 seeds on each profile, at equal rollout compute;
-with issue 45's arms 9 and 10 (VIP, Pilot-Commit), ten arms as `<profile>_10`.
+with issue 45's arms 9 and 10 (VIP, Pilot-Commit), ten arms as `<profile>_10`, and as
+`<profile>` once a profile's ten arms are all stored (`TEN_ARMS_STORED`: the graded profile).
 
     make study PROFILE=graded     # or PROFILE=cliff; resumes from what results/ holds
     python -m experiments.compare --config=experiments/configs/rivals_study.py:graded \\
@@ -57,13 +58,18 @@ ARMS_2026 = {
     "vip": "method=vip",
     "pilot_commit": "method=pilot_commit",
 }
+# The profiles whose ten arms' runs are all stored: there, `<profile>` is the ten-arm study (as
+# `<profile>_10`) and its RESULTS.md block has ten arms; elsewhere it is still the eight.
+TEN_ARMS_STORED = ("graded",)
 SNAPSHOT_STEPS = (50, 100)  # 1/3 and 2/3 of the 150 steps
 GRADED_TEST_PER_LEVEL = (100,) * 5 + (300,) * 5  # levels 1-5, then the frontier 6-10
 
 
 def get_config(profile: str = "cliff") -> ml_collections.ConfigDict:
-    """The declared study on `profile` (eight arms), or `<profile>_10` (the ten arms)."""
+    """The declared study on `profile` (ten arms where `TEN_ARMS_STORED` has it, else eight),
+    or `<profile>_10` (the ten arms)."""
     profile, ten = (profile[:-3], True) if profile.endswith("_10") else (profile, False)
+    ten = ten or profile in TEN_ARMS_STORED
     if profile not in PROFILES:
         names = (*PROFILES, *(f"{p}_10" for p in PROFILES))
         raise ValueError(f"the profile must be one of {names}, got {profile!r}")
