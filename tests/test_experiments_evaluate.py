@@ -108,6 +108,7 @@ def _without_timing(report_path: Path) -> dict:
     return report
 
 
+@pytest.mark.slow  # the shipped command end to end; tests/eval pins the evaluation in-process
 def test_main_writes_the_report_and_the_completions(policy_dir, math500, math_eval):
     out, printed = math_eval
     report = json.loads((out / "report.json").read_text())
