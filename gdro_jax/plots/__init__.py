@@ -4,11 +4,14 @@
   the simulator's and one run's figures; other labels (the warm start, sweep settings) get
   colours no method uses. `shows_q`, `shows_mu`: whether a figure shows Prompt-GDRO's q or
   Rollout-GDRO's shadow price for a label (only for methods that have them).
+- `figure(**kwargs)`: a matplotlib `Figure`, matplotlib imported on the first call (commands
+  that draw nothing start sooner).
 - `plot_run(workdir)`: one training run's figures from its `metrics.jsonl` into
   `workdir/plots/` (`python -m experiments.plot_run`); `plot_curves`, `plot_curriculum` and
   `plot_shadow_price` draw them for several runs side by side (the demo's figures).
 """
 
+from gdro_jax.plots._figure import figure
 from gdro_jax.plots._run import (
     CURRICULUM_FIGURE,
     PLOTS_DIR,
@@ -39,6 +42,7 @@ __all__ = [
     "SHADOW_PRICE_FIGURE",
     "TRAINING_FIGURE",
     "colors_for",
+    "figure",
     "moving_average",
     "plot_curriculum",
     "plot_curves",

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gdro_jax.plots._figure import figure
 from gdro_jax.plots._style import colors_for, shows_mu, shows_q
 
 if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn: commands start faster
@@ -70,9 +71,7 @@ def plot_curves(
       window: steps per moving average; 1 draws the raw values only.
     """
     colors = colors_for(runs)
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(4.6 * len(names), 3.4), layout="constrained")
+    fig = figure(figsize=(4.6 * len(names), 3.4), layout="constrained")
     axes = fig.subplots(1, len(names), squeeze=False)[0]
     longest = max(len(rows) for rows in runs.values())
     window = window or max(1, longest // 8)
@@ -140,9 +139,7 @@ def plot_curriculum(runs: Mapping[str, Rows]) -> Figure:
     panel_rows.append(("rollouts", "rollouts per prompt\nin the bin", "magma"))
     colors = colors_for(labels)
     width = 3.3 * len(labels) + 1.4 if len(labels) > 1 else 6.4
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, 2.2 * len(panel_rows) + 0.5), layout="constrained")
+    fig = figure(figsize=(width, 2.2 * len(panel_rows) + 0.5), layout="constrained")
     axes = fig.subplots(len(panel_rows), len(labels), squeeze=False)
     for j, label in enumerate(labels):  # a column per run, headed by its name in its colour
         axes[0, j].set_title(label, color=colors[label], fontweight="bold")
@@ -173,9 +170,7 @@ def plot_shadow_price(runs: Mapping[str, Rows]) -> Figure:
     if not shown:
         raise ValueError(f"no run among {list(runs)} has a shadow price (Rollout-GDRO's mu)")
     colors = colors_for(shown)
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(5.2, 3.4), layout="constrained")
+    fig = figure(figsize=(5.2, 3.4), layout="constrained")
     ax = fig.subplots()
     for label, rows in shown.items():
         marker = "o" if len(rows) <= 20 else None

@@ -107,9 +107,7 @@ def _plot_pass_at_k(
     labels = [f"L{lv}" for lv in levels] + ["pooled"]
     width = 0.8 / len(methods)
     colors = plots.colors_for(methods)
-    from matplotlib.figure import Figure  # here, not at the top: commands start faster
-
-    fig = Figure(figsize=(8, 3.5))
+    fig = plots.figure(figsize=(8, 3.5))
     ax = fig.subplots()
     for i, method in enumerate(methods):
         summaries = [results[method].by_level[lv] for lv in levels] + [results[method].pooled]

@@ -30,6 +30,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from gdro_jax import tasks
+from gdro_jax.plots import figure
 
 if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn: commands start faster
     from matplotlib.figure import Figure
@@ -238,9 +239,7 @@ def plot_premise(
     Returns:
       The matplotlib Figure (Agg; save it with `savefig`).
     """
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(5.0 * len(profiles), 7.0), layout="constrained")
+    fig = figure(figsize=(5.0 * len(profiles), 7.0), layout="constrained")
     axes = fig.subplots(2, len(profiles), squeeze=False)
     rng = np.random.default_rng(0)  # jitter only
     for column, (name, (evaluation, rows)) in enumerate(profiles.items()):

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gdro_jax.plots import colors_for, shows_q
+from gdro_jax.plots import colors_for, figure, shows_q
 
 if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn: commands start faster
     from matplotlib.figure import Figure
@@ -90,9 +90,7 @@ def _steps_axis(logs_arm: dict, window: int) -> np.ndarray:
 
 
 def plot_zero_advantage(logs: dict, window: int = 5) -> Figure:
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(10, 3.6))
+    fig = figure(figsize=(10, 3.6))
     left, right = fig.subplots(1, 2)
     colors = colors_for(logs)
     for arm, log in logs.items():
@@ -124,9 +122,7 @@ def plot_zero_advantage(logs: dict, window: int = 5) -> Figure:
 
 def plot_allocation(logs: dict) -> Figure:
     arms = list(logs)
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(3.2 * len(arms), 3.4))
+    fig = figure(figsize=(3.2 * len(arms), 3.4))
     axes = fig.subplots(1, len(arms), squeeze=False)
     for ax, arm in zip(axes[0], arms, strict=True):
         log = logs[arm]
@@ -144,9 +140,7 @@ def plot_allocation(logs: dict) -> Figure:
 
 def plot_prompt_adversary(logs: dict, window: int = 5) -> Figure:
     arms = list(logs)
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(3.2 * len(arms), 6))
+    fig = figure(figsize=(3.2 * len(arms), 6))
     axes = fig.subplots(2, len(arms), squeeze=False)
     for j, arm in enumerate(arms):
         log = logs[arm]
@@ -167,9 +161,7 @@ def plot_prompt_adversary(logs: dict, window: int = 5) -> Figure:
 
 def _per_step_plot(logs, series, window, *, reference, ylabel, title) -> Figure:
     """One curve per arm of `series(log)` [seeds, steps] over steps, a line at `reference`."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(6, 3.5))
+    fig = figure(figsize=(6, 3.5))
     ax = fig.subplots()
     colors = colors_for(logs)
     for arm, log in logs.items():
@@ -206,9 +198,7 @@ def plot_standard_error(logs: dict, window: int = 5) -> Figure:
 
 
 def plot_tokens(logs: dict, window: int = 10) -> Figure:
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(6, 3.5))
+    fig = figure(figsize=(6, 3.5))
     ax = fig.subplots()
     colors = colors_for(logs)
     for arm, log in logs.items():
@@ -239,9 +229,7 @@ def plot_heldout(summary: dict) -> Figure:
     legend_columns = min(len(rows), 8)
     legend_rows = -(-len(rows) // legend_columns)
     # Constrained layout keeps the legend below both panels, however many arms there are.
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(11, 3.6 + 0.25 * legend_rows), layout="constrained")
+    fig = figure(figsize=(11, 3.6 + 0.25 * legend_rows), layout="constrained")
     left, right = fig.subplots(1, 2, width_ratios=(2, 1))
     width = 0.8 / len(rows)
     labels = [f"L{lv}" for lv in levels] + ["pooled", "frontier"]
@@ -296,9 +284,7 @@ def plot_along(summary: dict) -> Figure:
     over seeds), with the baseline's final frontier figure as a line."""
     along = summary["along"]
     rollouts = along["sampled_rollouts"]
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(10, 3.6), layout="constrained")
+    fig = figure(figsize=(10, 3.6), layout="constrained")
     axes = fig.subplots(1, 2)
     colors = colors_for(along["arms"])
     for ax, name in zip(axes, ("frontier pass@1", "pooled pass@1"), strict=True):
