@@ -219,11 +219,11 @@ def test_jit_equals_eager(driver):
     first, second = jax.random.split(jax.random.key(0), 2)
     # Eager is the plain call, as chex's `without_jit` variant: the controller's code runs op by
     # op on concrete arrays, so what it does at trace time only (a Python counter, a value read
-    # once and baked in) differs from the jitted program. `jax.disable_jit` would also run the
-    # library's loops (the Beta sampler's, a bisection's) in Python, at 2.4 times the time (75 s against 31 s) of
-    # these tests, and checks none of the controllers' own code more. It takes one step: the second,
-    # from a state one (jitted) step old, whose paths a fresh state may not take (a buffer to
-    # commit, a history to read).
+    # once and baked in) differs from the jitted program. The bodies of its loops (a bisection,
+    # the Beta sampler's) are traced in both programs; `jax.disable_jit` would run them in Python
+    # too, at 2.4 times the time (75 s against 31 s for these tests). It takes one step: the
+    # second, from a state one (jitted) step old, whose paths a fresh state may not take (a
+    # buffer to commit, a history to read).
     state, _ = jit_step(init(), first)
     eager_state, eager_out = step(state, second)
     jit_state, jit_out = jit_step(state, second)
