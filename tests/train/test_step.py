@@ -55,10 +55,14 @@ def _reference_grpo_update(graphdef, params, tx, opt_state, rollouts, prompt_of_
         m = completion_mask[idx]
         return -jnp.sum(jnp.where(m, surrogate, 0.0)) / jnp.sum(m)
 
+    @jax.jit
+    def apply(grads, opt_state, params):  # optax's step, jitted for the same reason
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
     for idx in np.asarray(order).reshape(cfg.grpo.num_minibatches, -1):
         grads = gradient(params, jnp.asarray(idx), jnp.asarray(adv[idx], jnp.float32))
-        updates, opt_state = tx.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
+        params, opt_state = apply(grads, opt_state, params)
     return params
 
 
