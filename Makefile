@@ -38,10 +38,9 @@ $(TESTING): pyproject.toml
 demo: $(RUNTIME)
 	$(PY) -m experiments.demo --config=experiments/configs/demo.py --workdir=runs/demo
 
-# The declared study (RESULTS.md): 8 methods x 5 seeds on one profile (PROFILE=cliff or graded;
-# 10 methods on graded, whose two 2026 arms are stored), into results/study_$(PROFILE) and
-# RESULTS.md. Resumes from what results/ holds: never reruns a finished run, and with every run
-# there only rebuilds the tables and figures.
+# The declared study (RESULTS.md): 10 methods x 5 seeds on one profile (PROFILE=cliff or graded),
+# into results/study_$(PROFILE) and RESULTS.md. Resumes from what results/ holds: never reruns a
+# finished run, and with every run there only rebuilds the tables and figures.
 PROFILE ?= cliff
 study: $(RUNTIME)
 	$(PY) -m experiments.compare --config=experiments/configs/rivals_study.py:$(PROFILE) \

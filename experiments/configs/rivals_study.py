@@ -1,6 +1,6 @@
 """The declared study of issue 17: eight arms x 5 seeds on each profile, at equal rollout compute;
 with issue 45's arms 9 and 10 (VIP, Pilot-Commit), ten arms as `<profile>_10`, and as
-`<profile>` once a profile's ten arms are all stored (`TEN_ARMS_STORED`: the graded profile).
+`<profile>` once a profile's ten arms are all stored (`TEN_ARMS_STORED`: both profiles now).
 
     make study PROFILE=graded     # or PROFILE=cliff; resumes from what results/ holds
     python -m experiments.compare --config=experiments/configs/rivals_study.py:graded \\
@@ -60,7 +60,7 @@ ARMS_2026 = {
 }
 # The profiles whose ten arms' runs are all stored: there, `<profile>` is the ten-arm study (as
 # `<profile>_10`) and its RESULTS.md block has ten arms; elsewhere it is still the eight.
-TEN_ARMS_STORED = ("graded",)
+TEN_ARMS_STORED = ("cliff", "graded")
 SNAPSHOT_STEPS = (50, 100)  # 1/3 and 2/3 of the 150 steps
 GRADED_TEST_PER_LEVEL = (100,) * 5 + (300,) * 5  # levels 1-5, then the frontier 6-10
 
