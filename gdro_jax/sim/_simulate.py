@@ -35,7 +35,7 @@ One module over 400 lines, on purpose: the step is one traced function, read top
 SPEC 7 is, and its pieces close over the compiled parts.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -163,7 +163,11 @@ FAST_COMPILE_OPTIONS = {
 
 
 def make_simulator(
-    config: SimConfig, *, parts: Sequence[str] = GDRO_PARTS, fast_compile: bool = False
+    config: SimConfig,
+    *,
+    parts: Sequence[str] = GDRO_PARTS,
+    fast_compile: bool = False,
+    compiler_options: Mapping[str, Any] | None = None,
 ) -> Simulator:
     """Builds the simulation of `config` for every method whose parts are compiled in.
 
@@ -174,6 +178,8 @@ def make_simulator(
         default program holds the GDRO methods only, at their old size; `method_parts(methods)`
         gives what a list of methods needs.
       fast_compile: compile with `FAST_COMPILE_OPTIONS` (worth it when compilation dominates).
+      compiler_options: XLA options for the compiled program (`jax.jit`'s), over
+        `FAST_COMPILE_OPTIONS` where `fast_compile` is set.
 
     Returns:
       A `Simulator` with
@@ -434,9 +440,10 @@ def make_simulator(
             pool=pool,
         )
 
+    options = {**(FAST_COMPILE_OPTIONS if fast_compile else {}), **(compiler_options or {})}
     batched = jax.jit(
         jax.vmap(run_seed, in_axes=(None, 0)),
-        compiler_options=FAST_COMPILE_OPTIONS if fast_compile else None,
+        compiler_options=options or None,
     )
 
     def run(flags: MethodFlags, keys_S: jax.Array) -> SimOutput:

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from gdro_jax import configs, controllers, sim
+from tests._xla import DEFAULT_EMITTERS
 
 NUM_PROMPTS, N_MEAN, POOL = 8, 4, 32
 STEPS = 6
@@ -75,9 +76,9 @@ def simulators():
             decisions = simulator.decisions
             built[variant] = (
                 simulator,
-                jax.jit(decisions.plan),
-                jax.jit(decisions.filter),
-                jax.jit(decisions.update),
+                jax.jit(decisions.plan, compiler_options=DEFAULT_EMITTERS),
+                jax.jit(decisions.filter, compiler_options=DEFAULT_EMITTERS),
+                jax.jit(decisions.update, compiler_options=DEFAULT_EMITTERS),
             )
     return {
         case: built[(tuple(classifier.items()), tuple(prompt_gdro.items()))]
@@ -102,8 +103,9 @@ def test_the_trainer_and_the_simulator_make_the_same_decisions(case, simulators)
     method, classifier, prompt_gdro = CASES[case]
     simulator, sim_plan, sim_filter, sim_update = simulators[case]
     trainer = _trainer(method, simulator.config)
-    trainer_plan, trainer_filter = jax.jit(trainer.plan), jax.jit(trainer.filter)
-    trainer_update = jax.jit(trainer.update)
+    trainer_plan = jax.jit(trainer.plan, compiler_options=DEFAULT_EMITTERS)
+    trainer_filter = jax.jit(trainer.filter, compiler_options=DEFAULT_EMITTERS)
+    trainer_update = jax.jit(trainer.update, compiler_options=DEFAULT_EMITTERS)
     applied = simulator.applied(sim.method_flags(method, simulator.parts))
     parts = controllers.get_method(method).parts()  # {decision: part} the method applies
     assert {part for part, on in applied.items() if bool(on)} == set(parts.values())

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gdro_jax import controllers, sim
+from tests._xla import DEFAULT_EMITTERS
 
 TINY = sim.SimConfig(
     steps=16,
@@ -239,7 +240,7 @@ def count_compiles(compute):
 def runs():
     """The GDRO methods on the default simulator, on two batches of seeds, counting backend
     compilations meanwhile."""
-    simulator = sim.make_simulator(TINY, fast_compile=True)
+    simulator = sim.make_simulator(TINY, fast_compile=True, compiler_options=DEFAULT_EMITTERS)
     keys_a, keys_b = sim.seed_keys(3, seed=0), sim.seed_keys(3, seed=1)
     flags = {method: sim.method_flags(method) for method in sim.GDRO_METHODS}
 
@@ -257,7 +258,9 @@ def runs():
 def rivals():
     """Every method of `controllers.METHODS` on a simulator with every part compiled in, on the
     seeds of `runs`."""
-    simulator = sim.make_simulator(TINY, parts=sim.ALL_PARTS, fast_compile=True)
+    simulator = sim.make_simulator(
+        TINY, parts=sim.ALL_PARTS, fast_compile=True, compiler_options=DEFAULT_EMITTERS
+    )
     keys = sim.seed_keys(3, seed=0)
     flags = {method: sim.method_flags(method) for method in sim.SIMULATED_METHODS}
     outputs, compiles = count_compiles(
