@@ -66,9 +66,9 @@ notebooks: $(NOTEBOOKS)
 # (resume, several processes, learning, a tiny study, the shipped commands in subprocesses) and the
 # docs and notebooks executed (docs/testing.md lists them). CI (.ci/run) runs both.
 # The fast tier compiles with XLA's older CPU fusion emitters: its programs are tiny and mostly
-# run a few times, and these emitters compile them in about 60 % of the time (the tier's CPU time
-# fell from 31 to 21 minutes). The other tiers, and `pytest` by hand, compile as a user's run
-# does; tests of a bit-identity between two programs pin the default emitters (tests/_xla.py).
+# run a few times, and these emitters compile them in about 60 % of the time (docs/testing.md).
+# The other tiers, and `pytest` by hand, compile as a user's run does; tests of a bit-identity
+# between two programs pin the default emitters (tests/_xla.py).
 FAST_TIER_XLA_FLAGS := --xla_cpu_use_fusion_emitters=false
 test: $(TESTING)
 	XLA_FLAGS="$(FAST_TIER_XLA_FLAGS) $$XLA_FLAGS" \
