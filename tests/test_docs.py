@@ -129,7 +129,7 @@ def _env() -> dict[str, str]:
     XLA's backend optimisation level is 1, not the suite's 0 (tests/conftest.py): `make sim`'s
     command runs 300 steps of 128 simulated learners, twice as slow at level 0 (40 s against
     21 s), and level 1 compiles the training commands as fast as level 0. The fusion emitters
-    are XLA's default, not the suite's older ones (tests/conftest.py), with which that command
+    are XLA's default, not `make test`'s older ones (`FAST_TIER_XLA_FLAGS`), with which that command
     takes 15 % longer. Nothing here is compared bit for bit with another process."""
     env = dict(os.environ, JAX_PLATFORMS="cpu", MPLBACKEND="Agg")
     env["XLA_FLAGS"] = xla_flags(
