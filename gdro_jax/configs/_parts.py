@@ -318,7 +318,6 @@ def step_program(
         max_new_tokens=settings.max_new_tokens,
         eos_ids=tuple(eos_ids),
         rollout=settings.rollout,
-        rollout_micro_batch_slots=settings.rollout_micro_batch_slots,
         external_engine=external_engine or settings.rollout.engine != "kv_cache",
         mesh=mesh,
         seed=settings.seed,

@@ -27,6 +27,7 @@ RESUMABLE_FIELDS = (
     "reward_timeout_s",
     "rollout.micro_batch_slots",
     "rollout.batching",  # the same completions, up to float rounding
+    "rollout.decode_window",  # likewise
     # How vLLM holds and schedules the work, not what it samples.
     "rollout.vllm.gpu_memory_utilization",
     "rollout.vllm.cpu_kvcache_space_gib",

@@ -79,8 +79,9 @@ class RunSettings:
     checkpoint: CheckpointSettings
     optimizer: OptimizerConfig
     grpo: GRPOConfig
-    rollout_micro_batch_slots: int | None  # None: all R slots at once
-    rollout: step.RolloutConfig  # the engine, greedy decoding, the behaviour log-probs
+    # The engine, its micro-batch (None: all R slots at once, checked against the mesh),
+    # batching and decode window, greedy decoding, the behaviour log-probs.
+    rollout: step.RolloutConfig
     vllm: step.VLLMConfig
     max_consecutive_skips: int
     reward_timeout_s: float
@@ -381,8 +382,7 @@ def read_run_config(
         checkpoint=_checkpoint(config.checkpoint),
         optimizer=optimizer,
         grpo=grpo,
-        rollout_micro_batch_slots=micro_batch_slots,
-        rollout=rollout,
+        rollout=dataclasses.replace(rollout, micro_batch_slots=micro_batch_slots),
         vllm=vllm,
         max_consecutive_skips=max_skips,
         reward_timeout_s=float(config.reward_timeout_s or 0.0),

@@ -44,7 +44,8 @@ _MASKED = -0.7 * float(np.finfo(np.float32).max)
 
 
 class KVCache(NamedTuple):
-    """Keys and values of all layers for a batch of sequences, indexed by cache slot."""
+    """Keys and values of all layers for a batch of sequences, indexed by cache slot (each
+    layer's may also be a tuple of blocks along the slots: `Decoder.extend_cache`)."""
 
     # Keys are stored transposed, [H, S] per head, so that the score matmul q @ k reads them in
     # the layout a matmul wants (a [S, H] key cache is repacked at every decode step).
@@ -112,28 +113,43 @@ def _attention(q_BTNH, k_BKHS, v_BKSH, allowed_BTS):
 
     Queries are laid out [B, K, G*T, H] so both matmuls are batched over (B, K) with one free and
     one contracting dimension each (forward and backward), without relayout copies of the keys.
+    Keys and values may come as tuples of blocks along S (a blocked cache): each block is read
+    where it lies, and only the scores are joined.
     """
+    k_blocks = k_BKHS if isinstance(k_BKHS, tuple) else (k_BKHS,)
+    v_blocks = v_BKSH if isinstance(v_BKSH, tuple) else (v_BKSH,)
     B, T, N, H = q_BTNH.shape
-    K, S = k_BKHS.shape[1], k_BKHS.shape[3]
+    K, S = k_blocks[0].shape[1], sum(k.shape[3] for k in k_blocks)
     G = N // K
     q_BKQH = q_BTNH.reshape(B, T, K, G, H).transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, H)
-    scores_BKQS = jnp.einsum(
-        "bkqh,bkhs->bkqs", q_BKQH, k_BKHS, preferred_element_type=jnp.float32
-    ) * (H**-0.5)
+    scores = [
+        jnp.einsum("bkqh,bkhs->bkqs", q_BKQH, k, preferred_element_type=jnp.float32)
+        for k in k_blocks
+    ]
+    scores_BKQS = (scores[0] if len(scores) == 1 else jnp.concatenate(scores, axis=-1)) * (H**-0.5)
     scores_BKGTS = scores_BKQS.reshape(B, K, G, T, S)
     scores_BKGTS = jnp.where(allowed_BTS[:, None, None], scores_BKGTS, _MASKED)
     probs_BKQS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(q_BTNH.dtype).reshape(B, K, G * T, S)
-    attn_BKQH = jnp.einsum("bkqs,bksh->bkqh", probs_BKQS, v_BKSH)
+    attn_BKQH, start = None, 0
+    for v in v_blocks:
+        size = v.shape[2]
+        probs = probs_BKQS if len(v_blocks) == 1 else probs_BKQS[..., start : start + size]
+        part = jnp.einsum("bkqs,bksh->bkqh", probs, v)
+        attn_BKQH, start = part if attn_BKQH is None else attn_BKQH + part, start + size
     return attn_BKQH.reshape(B, K, G, T, H).transpose(0, 3, 1, 2, 4).reshape(B, T, N, H)
 
 
+def cache_slots(entry: jax.Array | tuple[jax.Array, ...], axis: int) -> int:
+    """The slots of one layer's keys or values (`axis`: 3 for keys, 2 for values), blocked or
+    not."""
+    blocks = entry if isinstance(entry, tuple) else (entry,)
+    return sum(block.shape[axis] for block in blocks)
+
+
 def _write_cache(cache: jax.Array, new: jax.Array, index: jax.Array | int, axis: int):
-    """`cache` with `new` written along `axis` from `index`: one slot for the whole batch (a
-    scalar), or one per row (a [B] vector: rows of a continuous batch are at different steps)."""
-    if jnp.ndim(index) == 0:
-        return jax.lax.dynamic_update_slice_in_dim(cache, new, index, axis)
-    write_row = functools.partial(jax.lax.dynamic_update_slice_in_dim, axis=axis - 1)
-    return jax.vmap(write_row)(cache, new, index)
+    """`cache` with `new` written along `axis` from slot `index`, the same for the whole batch
+    (one in-place write)."""
+    return jax.lax.dynamic_update_slice_in_dim(cache, new, index, axis)
 
 
 def attention_implementation(config: DecoderConfig, platform: str | None = None) -> str:
@@ -238,7 +254,7 @@ class DecoderLayers(nnx.Module):
           allowed_BTS: whether query t may attend key slot s.
           cache: this layer's (keys [B, K, H, S], values [B, K, S, H]), or None to attend only
             within this call's tokens.
-          cache_index: cache slot of this call's first token (a scalar, or one per row [B]).
+          cache_index: cache slot of this call's first token (one for the whole batch).
 
         Returns:
           (the new residual stream [B, T, D], this layer's cache with the new keys/values
@@ -266,6 +282,16 @@ class DecoderLayers(nnx.Module):
         v_BKTH = v_BTKH.transpose(0, 2, 1, 3)
         if cache is None:
             k_BKHS, v_BKSH = k_BKHT, v_BKTH
+        elif isinstance(cache[0], tuple):  # blocks along S: this call writes into the last
+            k_blocks, v_blocks = cache
+            index = cache_index - cache_slots(k_blocks[:-1], 3)
+            k_last = _write_cache(k_blocks[-1], k_BKHT.astype(k_blocks[-1].dtype), index, axis=3)
+            v_last = _write_cache(v_blocks[-1], v_BKTH.astype(v_blocks[-1].dtype), index, axis=2)
+            cache = (
+                (*k_blocks[:-1], constrain(k_last, s.cache_bkhs, mesh)),
+                (*v_blocks[:-1], constrain(v_last, s.cache_bksh, mesh)),
+            )
+            k_BKHS, v_BKSH = cache
         else:
             k_BKHS = _write_cache(cache[0], k_BKHT.astype(cache[0].dtype), cache_index, axis=3)
             v_BKSH = _write_cache(cache[1], v_BKTH.astype(cache[1].dtype), cache_index, axis=2)
@@ -388,9 +414,11 @@ class Decoder(nnx.Module):
         Args:
           tokens_BT: the new token ids.
           positions_BT: their RoPE positions.
-          cache: the KV cache (S slots).
-          cache_index: slot of the first new token: a scalar (the whole batch), or [B], one per
-            sequence (a continuous batch, whose sequences are at different steps).
+          cache: the KV cache (S slots). Each layer's keys and values may be tuples of blocks
+            along S (a blocked cache: attention reads the blocks given, and the new tokens go
+            into the last one); pass the live blocks only, so that a step reads no more.
+          cache_index: slot of the first new token, the same for the whole batch (the
+            continuous sampler's lanes, at different steps, write one ring slot together).
           key_mask_BS: False for slots that never hold a real token (padding).
           layers: the result of `layer_slices()`, computed once outside a decode loop (optional;
             otherwise every layer's weights are sliced from the stacked arrays here).
@@ -402,14 +430,18 @@ class Decoder(nnx.Module):
           (h_BTD final-normed hidden states, the updated cache).
         """
         T = tokens_BT.shape[1]
-        S = cache.v[0].shape[2]
+        S = cache_slots(cache.v[0], 2)
         allowed_BTS = jnp.broadcast_to(
             key_mask_BS.astype(bool)[:, None, :], (len(key_mask_BS), T, S)
         )
+        if jnp.ndim(cache_index) != 0:
+            raise ValueError(
+                f"cache_index must be one slot for the whole batch, got shape "
+                f"{jnp.shape(cache_index)}"
+            )
         if causal_by_slot:
-            # [T] slots for one index, [B, T] for one index per row.
-            query_slot = jnp.asarray(cache_index)[..., None] + jnp.arange(T)
-            allowed_BTS &= jnp.arange(S) <= query_slot[..., None]
+            query_slot_T = cache_index + jnp.arange(T)
+            allowed_BTS &= jnp.arange(S) <= query_slot_T[:, None]
         return self._run(
             tokens_BT,
             positions_BT,

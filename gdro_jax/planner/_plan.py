@@ -279,7 +279,7 @@ def memory_plan(
     settings = _settings(config, shape)
     budget = _budget_bytes(settings)
     planner = Planner(settings, mesh, task, program)
-    rollout_slots = min(settings.rollout_micro_batch_slots or planner.num_slots, planner.num_slots)
+    rollout_slots = min(settings.rollout.micro_batch_slots or planner.num_slots, planner.num_slots)
     grpo = planner.grpo_config
     if grpo.pack_sequences:
         update_slots = grpo.packed_rows_per_pass(planner.minibatch_slots)

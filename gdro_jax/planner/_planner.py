@@ -165,7 +165,10 @@ class Planner:
         if self.external_engine:
             return program.rescore.lower(params, self.rollouts)
         if slots is not None:
-            program = program.replace(rollout_micro_batch_slots=_or_none(slots, self.num_slots))
+            rollout = dataclasses.replace(
+                program.rollout, micro_batch_slots=_or_none(slots, self.num_slots)
+            )
+            program = program.replace(rollout=rollout)
         # The prompts' content does not change any buffer: D placeholder rows of the real width.
         with jax.default_device(self.device):  # the prompt table goes where the mesh is
             rollout = program.rollout_function(
@@ -197,11 +200,9 @@ class Planner:
             self.rollout_bytes(self.num_slots)
         graphdef, params = self._policy(remat)
         grpo = self.grpo_config
-        if slots is not None:
-            # Packed: passes of `slots` rows (a whole mini-batch's worth too); padded: None is
-            # one pass over the mini-batch.
-            micro = slots if grpo.pack_sequences else _or_none(slots, self.minibatch_slots)
-            grpo = dataclasses.replace(grpo, micro_batch_slots=micro)
+        if slots is not None:  # as the update reads it (`GRPOConfig.for_minibatch`)
+            grpo = dataclasses.replace(grpo, micro_batch_slots=slots)
+            grpo = grpo.for_minibatch(self.minibatch_slots)
         program = self.program.replace(graphdef=graphdef, grpo=grpo)
         state = program.abstract_state(params)
         lowered = program.update(state).lower(state, self.plan, self.prompt_ids, self.rollouts)

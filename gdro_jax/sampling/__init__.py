@@ -1,7 +1,12 @@
 """The jitted KV-cache sampler, the matching per-token log-probabilities, and sequences packed
 into fixed-length rows for the trainer's forward passes."""
 
-from gdro_jax.sampling._generate import FinishReason, GenerationResult, sample_logits
+from gdro_jax.sampling._generate import (
+    FinishReason,
+    GenerationResult,
+    sample_logits,
+    window_ends,
+)
 from gdro_jax.sampling._logprobs import completion_logprobs, sequence_logprobs
 from gdro_jax.sampling._packing import (
     PackedRows,
@@ -31,4 +36,5 @@ __all__ = [
     "sample_logits",
     "sequence_logprobs",
     "unpack_completion_logprobs",
+    "window_ends",
 ]

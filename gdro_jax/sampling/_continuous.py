@@ -29,17 +29,16 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
 from gdro_jax.models import KVCache, constrain
 from gdro_jax.sampling._generate import (
     FinishReason,
     GenerationResult,
-    _left_align,
     _positions_on_batch,
-    _sampling_copy,
+    _prefill,
+    _result,
+    _set_up,
     _slots_on_batch,
-    sample_logits,
 )
 
 
@@ -90,30 +89,15 @@ def _generate_continuous(
     pad_id: int,
     decode_slots: int,
 ) -> GenerationResult:
-    model = _sampling_copy(nnx.merge(graphdef, state))
+    model, sample, prompts = _set_up(
+        graphdef, state, tokens_NP, lengths_N, pad_id=pad_id, temperature=temperature,
+        top_p=top_p, top_k=top_k, greedy=greedy, use_top_p=use_top_p,
+    )  # fmt: skip
+    lengths_N = prompts.lengths
     P = tokens_NP.shape[1]
     R, M, C = prompt_of_slot_R.shape[0], max_new_tokens, decode_slots
     S = P + M
-    sample = functools.partial(
-        sample_logits,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        greedy=greedy,
-        use_top_p=use_top_p,
-    )
-
-    lengths_N = lengths_N.astype(jnp.int32)
-    left_NP, valid_NP = _left_align(tokens_NP.astype(jnp.int32), lengths_N, pad_id)
-    positions_NP = jnp.maximum(jnp.cumsum(valid_NP, axis=1) - 1, 0)
-    h_NPD, prefix_N = model.extend_cache(
-        left_NP,
-        positions_NP,
-        cache=model.init_cache(left_NP.shape[0], P),
-        cache_index=0,
-        key_mask_BS=valid_NP,
-    )
-    logits_NV = model.logits(h_NPD[:, -1:])[:, 0]
+    logits_NV, prefix_N = _prefill(model, prompts.tokens, prompts.positions, prompts.valid)
     prefix_N = _positions_on_batch(model, prefix_N)
     layers = model.layer_slices()  # weights sliced once, outside the loop
 
@@ -232,8 +216,4 @@ def _generate_continuous(
     outputs = _slots_on_batch(
         model, (lanes.tokens, lanes.logprobs, lanes.lengths, lanes.finish_reasons)
     )
-    return GenerationResult(
-        *outputs,
-        prompt_tokens=left_NP[prompt_of_slot_R],
-        prompt_lengths=lengths_N[prompt_of_slot_R],
-    )
+    return _result(outputs, prompts, prompt_of_slot_R)

@@ -9,6 +9,11 @@ Layout. Prompts are left-aligned internally: slot r's prompt occupies cache slot
 whole batch at the same slot `P + t - 1` (one dynamic-update-slice, no scatter). RoPE positions
 start at 0 at each prompt's first real token, as in transformers' left-padded `generate`.
 
+Decode windows. A decode step reads every slot of the cache it is given, so the static loop keeps
+its cache in blocks (`window_ends`): the prompt and the first window of completion slots, then one
+block per later window, added as its window opens; window i's steps (a `lax.while_loop` each)
+read and write blocks 0..i only, its live positions rounded up to a window, not P + M.
+
 Prefill sharing (SPEC section 6). GRPO draws several completions per prompt: `prompt_of_slot[R]`
 maps each of the R sampled sequences to one of the N distinct prompts. Each distinct prompt is
 prefilled once; its keys/values are then copied to all its slots.
@@ -74,7 +79,7 @@ class _LoopState(NamedTuple):
     """The decode loop's carry for one chunk of C slots (C = R without micro-batches)."""
 
     step: jax.Array  # [] int32 index of the next token to sample
-    cache: KVCache  # L x [C, K, S, H] keys and values
+    cache: KVCache  # L x blocks (one a decode window) of [C, K, H, s] keys and [C, K, s, H] values
     tokens: jax.Array  # [C, M] int32
     logprobs: jax.Array  # [C, M] float32
     done: jax.Array  # [C] bool
@@ -176,6 +181,84 @@ def _gather(values_RV: jax.Array, index_R: jax.Array) -> jax.Array:
     return jnp.take_along_axis(values_RV, index_R[:, None], axis=-1)[:, 0]
 
 
+# The static loop's decode windows (`window_ends`): the least window, and the most windows.
+WINDOW_TOKENS = 128
+MAX_WINDOWS = 8
+
+
+def window_ends(max_new_tokens: int, window: int = 0) -> tuple[int, ...]:
+    """The completion lengths at which the static loop's KV cache grows by a window.
+
+    A decode step reads its whole cache, so the cache holds `P + end` slots while the steps
+    write slots before it, and grows by one window (a copy) when a slot is still running: a
+    step then reads at most a window more than its live positions, not `P + M` whatever the
+    completions' lengths. Each window is a while loop of its own in the program (one
+    compilation per shape still; more windows, a longer compile).
+
+    Args:
+      max_new_tokens: M.
+      window: the window in tokens; 0: `max(WINDOW_TOKENS, ceil(M / MAX_WINDOWS))` (one window,
+        the whole `P + M` cache, for M <= 128).
+
+    Returns:
+      The increasing ends, the last one M.
+    """
+    M = max_new_tokens
+    if window <= 0:
+        window = max(WINDOW_TOKENS, -(-M // MAX_WINDOWS))
+    return (*range(window, M, window), M)
+
+
+class _Prompts(NamedTuple):
+    """The N prompts as both loops decode them: left-aligned in P columns."""
+
+    tokens: jax.Array  # [N, P] int32, left-padded with pad_id
+    valid: jax.Array  # [N, P] bool
+    positions: jax.Array  # [N, P] int32 RoPE positions, 0 at each prompt's first token
+    lengths: jax.Array  # [N] int32
+
+
+def _set_up(graphdef, state, tokens_NP, lengths_N, *, pad_id, temperature, top_p, top_k, greedy,
+            use_top_p):  # fmt: skip
+    """What both decode loops start from: the sampling copy of the model, the token draw with
+    the sampling settings bound, and the prompts left-aligned."""
+    model = _sampling_copy(nnx.merge(graphdef, state))
+    sample = functools.partial(
+        sample_logits,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        greedy=greedy,
+        use_top_p=use_top_p,
+    )
+    lengths_N = lengths_N.astype(jnp.int32)
+    left_NP, valid_NP = _left_align(tokens_NP.astype(jnp.int32), lengths_N, pad_id)
+    positions_NP = jnp.maximum(jnp.cumsum(valid_NP, axis=1) - 1, 0)
+    return model, sample, _Prompts(left_NP, valid_NP, positions_NP, lengths_N)
+
+
+def _prefill(model: Decoder, tokens_BP, positions_BP, valid_BP) -> tuple[jax.Array, KVCache]:
+    """The prompts' keys and values in a cache of their P slots, and each prompt's last logits."""
+    empty = model.init_cache(tokens_BP.shape[0], tokens_BP.shape[1])
+    h_BPD, cache = model.extend_cache(
+        tokens_BP, positions_BP, cache=empty, cache_index=0, key_mask_BS=valid_BP
+    )
+    return model.logits(h_BPD[:, -1:])[:, 0], cache
+
+
+def _result(outputs, prompts: _Prompts, prompt_of_slot_R) -> GenerationResult:
+    """The R slots' (tokens, log-probs, lengths, finish reasons) with each slot's prompt."""
+    tokens_RM, logprobs_RM, lengths_R, finish_reasons_R = outputs
+    return GenerationResult(
+        tokens=tokens_RM,
+        logprobs=logprobs_RM,
+        lengths=lengths_R,
+        finish_reasons=finish_reasons_R,
+        prompt_tokens=prompts.tokens[prompt_of_slot_R],
+        prompt_lengths=prompts.lengths[prompt_of_slot_R],
+    )
+
+
 def _left_align(tokens_NP, lengths_N, pad_id):
     """Right-padded rows -> left-padded rows (row i's tokens end at column P-1)."""
     P = tokens_NP.shape[1]
@@ -260,6 +343,7 @@ def _slots_on_batch(model: Decoder, tree, slot_axis: int = 0):
         "share_prefill",
         "pad_id",
         "micro_batch_slots",
+        "decode_window",
     ),
 )
 def _generate(
@@ -280,31 +364,17 @@ def _generate(
     share_prefill: bool,
     pad_id: int,
     micro_batch_slots: int,
+    decode_window: int = 0,
 ) -> GenerationResult:
-    model = _sampling_copy(nnx.merge(graphdef, state))
-    N, P = tokens_NP.shape
+    model, sample, prompts = _set_up(
+        graphdef, state, tokens_NP, lengths_N, pad_id=pad_id, temperature=temperature,
+        top_p=top_p, top_k=top_k, greedy=greedy, use_top_p=use_top_p,
+    )  # fmt: skip
+    left_NP, valid_NP, positions_NP, lengths_N = prompts
+    P = tokens_NP.shape[1]
     R, M, C = prompt_of_slot_R.shape[0], max_new_tokens, micro_batch_slots
-    S = P + M
     num_chunks = -(-R // C)
-    sample = functools.partial(
-        sample_logits,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        greedy=greedy,
-        use_top_p=use_top_p,
-    )
-
-    lengths_N = lengths_N.astype(jnp.int32)
-    left_NP, valid_NP = _left_align(tokens_NP.astype(jnp.int32), lengths_N, pad_id)
-    positions_NP = jnp.maximum(jnp.cumsum(valid_NP, axis=1) - 1, 0)
-
-    def prefill(tokens_BP, positions_BP, valid_BP):
-        empty = model.init_cache(tokens_BP.shape[0], P)
-        h_BPD, cache = model.extend_cache(
-            tokens_BP, positions_BP, cache=empty, cache_index=0, key_mask_BS=valid_BP
-        )
-        return model.logits(h_BPD[:, -1:])[:, 0], cache
+    prefill = functools.partial(_prefill, model)
 
     if share_prefill:
         logits_NV, prefix_N = prefill(left_NP, positions_NP, valid_NP)
@@ -322,12 +392,15 @@ def _generate(
             logits_CV, prefix = prefill(
                 left_NP[prompt_C], positions_NP[prompt_C], valid_NP[prompt_C]
             )
-        cache = jax.tree.map(
+        # The cache in blocks, one a window: the prompt and the first window, then a block for
+        # each later window, added as its window opens. Window i's steps read blocks 0..i.
+        ends = window_ends(M, decode_window)
+        first = jax.tree.map(
             lambda empty, p: jax.lax.dynamic_update_slice(empty, p, (0, 0, 0, 0)),
-            model.init_cache(C, S),
+            model.init_cache(C, P + ends[0]),
             prefix,
         )
-        key_mask_CS = jnp.arange(S)[None, :] >= (P - lengths_C)[:, None]
+        cache = KVCache(k=tuple((k,) for k in first.k), v=tuple((v,) for v in first.v))
         slot_keys_C = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, slot_C)
 
         def record(state: _LoopState, logits_CV) -> _LoopState:
@@ -348,21 +421,37 @@ def _generate(
                 finish_reasons=jnp.where(stopped_C, int(FinishReason.EOS), state.finish_reasons),
             )
 
-        def decode(state: _LoopState) -> _LoopState:
-            t = state.step
-            last_C = jax.lax.dynamic_index_in_dim(state.tokens, t - 1, axis=1, keepdims=False)
-            h_C1D, cache = model.extend_cache(
-                last_C[:, None],
-                (lengths_C + t - 1)[:, None],
-                cache=state.cache,
-                cache_index=P + t - 1,
-                key_mask_BS=key_mask_CS,
-                layers=layers,
-            )
-            return record(state._replace(cache=cache), model.logits(h_C1D)[:, 0])
-
         def not_finished(state: _LoopState) -> jax.Array:
             return (state.step < M) & ~jnp.all(state.done)
+
+        def outputs(state: _LoopState):
+            return state.tokens, state.logprobs, state.lengths, state.finish_reasons
+
+        def window(index: int, state: _LoopState) -> _LoopState:
+            """Decodes the steps whose keys/values go into block `index`, the last of the cache:
+            every step reads the blocks 0..index, the prompt and the completion up to the
+            window's end."""
+            end = ends[index]
+            key_mask_CS = jnp.arange(P + end)[None, :] >= (P - lengths_C)[:, None]
+
+            def decode(state: _LoopState) -> _LoopState:
+                t = state.step
+                last_C = jax.lax.dynamic_index_in_dim(state.tokens, t - 1, axis=1, keepdims=False)
+                h_C1D, cache = model.extend_cache(
+                    last_C[:, None],
+                    (lengths_C + t - 1)[:, None],
+                    cache=state.cache,
+                    cache_index=P + t - 1,
+                    key_mask_BS=key_mask_CS,
+                    layers=layers,
+                )
+                return record(state._replace(cache=cache), model.logits(h_C1D)[:, 0])
+
+            # Step t writes slot P + t - 1: this window runs the steps t <= end (a finished
+            # chunk's loop exits at once).
+            return jax.lax.while_loop(
+                lambda state: not_finished(state) & (state.step <= end), decode, state
+            )
 
         start = _LoopState(
             step=jnp.zeros((), jnp.int32),
@@ -373,9 +462,18 @@ def _generate(
             lengths=jnp.zeros((C,), jnp.int32),
             finish_reasons=jnp.full((C,), int(FinishReason.LENGTH), jnp.int32),
         )
-        final = jax.lax.while_loop(not_finished, decode, record(start, logits_CV))
-        outputs = final.tokens, final.logprobs, final.lengths, final.finish_reasons
-        return _slots_on_batch(model, outputs)
+        state = record(start, logits_CV)
+        for index in range(len(ends)):
+            if index:  # the next block, zeros (a finished chunk's loop then exits at once)
+                block = model.init_cache(C, ends[index] - ends[index - 1])
+                state = state._replace(
+                    cache=KVCache(
+                        k=tuple((*ks, k) for ks, k in zip(state.cache.k, block.k, strict=True)),
+                        v=tuple((*vs, v) for vs, v in zip(state.cache.v, block.v, strict=True)),
+                    )
+                )
+            state = window(index, state)
+        return _slots_on_batch(model, outputs(state))
 
     slot_KC = jnp.arange(num_chunks * C, dtype=jnp.int32).reshape(num_chunks, C)
     if num_chunks == 1:
@@ -385,12 +483,4 @@ def _generate(
         outputs = _slots_on_batch(model, jax.lax.map(decode_chunk, slot_KC), slot_axis=1)
         outputs = jax.tree.map(lambda a: a.reshape(num_chunks * C, *a.shape[2:])[:R], outputs)
         outputs = _slots_on_batch(model, outputs)
-    tokens_RM, logprobs_RM, lengths_R, finish_reasons_R = outputs
-    return GenerationResult(
-        tokens=tokens_RM,
-        logprobs=logprobs_RM,
-        lengths=lengths_R,
-        finish_reasons=finish_reasons_R,
-        prompt_tokens=left_NP[prompt_of_slot_R],
-        prompt_lengths=lengths_N[prompt_of_slot_R],
-    )
+    return _result(outputs, prompts, prompt_of_slot_R)

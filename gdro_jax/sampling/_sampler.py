@@ -38,6 +38,7 @@ def generate(
     share_prefill: bool = True,
     micro_batch_slots: int | None = None,
     batching: str = "continuous",
+    decode_window: int = 0,
 ) -> GenerationResult:
     """Samples completions of a batch of prompts with a KV cache, in one compiled loop.
 
@@ -76,6 +77,10 @@ def generate(
         lengths). "static": the slots are decoded in chunks of C (a `lax.map` inside the same
         compiled function, the last chunk padded), each chunk until its longest completion
         stops. Same completions either way, up to float rounding (see the module docstrings).
+      decode_window: static batching: the KV cache grows a window of this many completion
+        tokens at a time, so each decode step reads its live positions rounded up to a window,
+        not all P + M (`window_ends`; 0: at least 128 tokens and at most 8 windows). The same
+        completions up to float rounding; each window is compiled into the loop.
 
     Returns:
       GenerationResult with tokens/logprobs [R, M], lengths and finish reasons [R], and each
@@ -95,6 +100,10 @@ def generate(
         raise ValueError(f"top_k must be an int in [0, vocab_size={vocab}], got {top_k!r}")
     if not isinstance(prompt_bucket, int) or prompt_bucket < 1:
         raise ValueError(f"prompt_bucket must be a positive int, got {prompt_bucket!r}")
+    if isinstance(decode_window, bool) or not isinstance(decode_window, int) or decode_window < 0:
+        raise ValueError(
+            f"decode_window must be an int >= 0 (0: automatic), got decode_window={decode_window!r}"
+        )
     if micro_batch_slots is not None and (
         isinstance(micro_batch_slots, bool)
         or not isinstance(micro_batch_slots, int)
@@ -161,4 +170,10 @@ def generate(
     slots = min(micro_batch_slots or num_slots, num_slots)
     if batching == "continuous" and share_prefill:
         return _generate_continuous(*arrays, **static, decode_slots=slots)
-    return _generate(*arrays, **static, share_prefill=share_prefill, micro_batch_slots=slots)
+    return _generate(
+        *arrays,
+        **static,
+        share_prefill=share_prefill,
+        micro_batch_slots=slots,
+        decode_window=decode_window,
+    )

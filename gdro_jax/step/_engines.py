@@ -43,6 +43,11 @@ class RolloutConfig:
         tokens sampled (set micro_batch_slots below R for it to pay); static: chunks of
         micro_batch_slots, each decoded until its longest completion stops. The same completions
         up to float rounding.
+      decode_window: static batching's KV-cache block, in completion tokens (0: automatic). A
+        decode step reads the blocks up to its own (its live positions rounded up to a window)
+        instead of all P + M; automatic: at least 128 tokens, at most 8 windows (one window, the
+        whole cache, for M <= 128). The same completions up to float rounding
+        (`sampling.window_ends`).
       engine: kv_cache (the built-in sampler) or vllm (the vllm extra). vllm is `VLLMEngine`.
       greedy: decode greedily (argmax), log-probs under temperature 1. For checking one engine
         against another; needs grpo.temperature=1.
@@ -56,6 +61,7 @@ class RolloutConfig:
 
     micro_batch_slots: int | None = None
     batching: str = "continuous"
+    decode_window: int = 0
     engine: str = "kv_cache"
     greedy: bool = False
     logprobs_from: str = "trainer"
@@ -74,6 +80,15 @@ class RolloutConfig:
             raise ValueError(
                 f"logprobs_from must be one of {', '.join(LOGPROBS_FROM)}, got "
                 f"logprobs_from={self.logprobs_from!r}"
+            )
+        if (
+            isinstance(self.decode_window, bool)
+            or not isinstance(self.decode_window, int)
+            or self.decode_window < 0
+        ):
+            raise ValueError(
+                "decode_window must be an int >= 0 (0: automatic), got "
+                f"decode_window={self.decode_window!r}"
             )
         if not isinstance(self.greedy, bool):
             raise ValueError(f"greedy must be True or False, got greedy={self.greedy!r}")
@@ -110,6 +125,7 @@ def sample_rollouts(
     eos_ids: tuple[int, ...],
     micro_batch_slots: int | None = None,
     batching: str = "continuous",
+    decode_window: int = 0,
 ) -> Rollouts:
     """Samples `R = len(plan.prompt_of_slot)` completions; rewards are scored afterwards.
 
@@ -127,6 +143,7 @@ def sample_rollouts(
         micro_batch_slots x (P + M) slots); None or 0: all R at once. Same completions either
         way, up to float rounding (see `gdro_jax.sampling.generate`).
       batching: continuous or static (`RolloutConfig.batching`).
+      decode_window: static batching's decode window (`RolloutConfig.decode_window`).
 
     Returns:
       The `Rollouts` with rewards 0 and correct False: the run's reward phase fills them in
@@ -144,6 +161,7 @@ def sample_rollouts(
         eos_ids=eos_ids,
         micro_batch_slots=micro_batch_slots,
         batching=batching,
+        decode_window=decode_window,
     )
     num_slots = result.lengths.shape[0]
     return Rollouts(
@@ -200,6 +218,7 @@ class KVCacheEngine:
       micro_batch_slots: slots decoded at a time (`config.rollout.micro_batch_slots`); None or 0:
         all R at once.
       batching: continuous or static (`config.rollout.batching`).
+      decode_window: static batching's decode window (`config.rollout.decode_window`).
     """
 
     def __init__(
@@ -211,6 +230,7 @@ class KVCacheEngine:
         eos_ids: tuple[int, ...],
         micro_batch_slots: int | None = None,
         batching: str = "continuous",
+        decode_window: int = 0,
     ):
         self.graphdef = graphdef
         self.max_new_tokens = max_new_tokens
@@ -218,6 +238,7 @@ class KVCacheEngine:
         self.eos_ids = tuple(eos_ids)
         self.micro_batch_slots = micro_batch_slots
         self.batching = batching
+        self.decode_window = decode_window
 
     def generate(self, params, plan, prompt_tokens_NP, prompt_lengths_N, key) -> Rollouts:
         """`sample_rollouts` with this engine's settings (pure JAX: traceable inside jit)."""
@@ -233,6 +254,7 @@ class KVCacheEngine:
             eos_ids=self.eos_ids,
             micro_batch_slots=self.micro_batch_slots,
             batching=self.batching,
+            decode_window=self.decode_window,
         )
 
     def sync_weights(self, params: nnx.State) -> None:

@@ -62,6 +62,15 @@ class GRPOConfig:
             return min(self.micro_batch_slots, num_slots)
         return max(1, num_slots // 8)
 
+    def for_minibatch(self, slots_per_minibatch: int) -> GRPOConfig:
+        """This config as the update runs it on mini-batches of `slots_per_minibatch` slots: a
+        `micro_batch_slots` of at least that many is one pass (padded: None; packed: passes of a
+        whole mini-batch's rows). The update and the memory plan both read it."""
+        if self.micro_batch_slots is None or self.micro_batch_slots < slots_per_minibatch:
+            return self
+        whole = slots_per_minibatch if self.pack_sequences else None
+        return dataclasses.replace(self, micro_batch_slots=whole)
+
     def __post_init__(self):
         if not isinstance(self.num_minibatches, int) or self.num_minibatches < 1:
             raise ValueError(

@@ -72,9 +72,9 @@ class StepProgram:
       prompt_width: P, the pool's padded prompt length.
       max_new_tokens: M.
       eos_ids: the task's stop ids.
-      rollout: how the step samples (`RolloutConfig`): the engine, greedy decoding, where the
-        behaviour log-probs come from and the TIS cap.
-      rollout_micro_batch_slots: slots the built-in engine decodes at once (None: all R).
+      rollout: how the step samples (`RolloutConfig`): the engine, the slots the built-in
+        engine decodes at once (`micro_batch_slots`, None: all R), its batching and decode
+        window, greedy decoding, where the behaviour log-probs come from and the TIS cap.
       external_engine: an engine other than the built-in one samples (vLLM, or one passed to
         `build_run`): the trainer rescoring its samples (`rescore`) and the update logging, or
         correcting, the gap between the two policies' log-probs.
@@ -91,7 +91,6 @@ class StepProgram:
     max_new_tokens: int
     eos_ids: tuple[int, ...]
     rollout: RolloutConfig = RolloutConfig()
-    rollout_micro_batch_slots: int | None = None
     external_engine: bool = False
     mesh: Mesh | None = None
     seed: int = 0
@@ -242,8 +241,9 @@ class StepProgram:
             max_new_tokens=self.max_new_tokens,
             temperature=0.0 if self.rollout.greedy else self.grpo.temperature,
             eos_ids=self.eos_ids,
-            micro_batch_slots=self.rollout_micro_batch_slots,
+            micro_batch_slots=self.rollout.micro_batch_slots,
             batching=self.rollout.batching,
+            decode_window=self.rollout.decode_window,
         )
 
     def rollout_function(

@@ -15,7 +15,6 @@ their decisions.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable
 
@@ -312,11 +311,7 @@ def make_update(
             f"num_minibatches={config.num_minibatches} equal mini-batches"
         )
     slots_per_minibatch = num_slots // config.num_minibatches
-    if config.micro_batch_slots is not None and config.micro_batch_slots >= slots_per_minibatch:
-        # At most that many slots per pass: a mini-batch that small is one pass (padded: as
-        # unset; packed: passes of a whole mini-batch's rows).
-        whole = slots_per_minibatch if config.pack_sequences else None
-        config = dataclasses.replace(config, micro_batch_slots=whole)
+    config = config.for_minibatch(slots_per_minibatch)
     _check_micro_batches(config, slots_per_minibatch, num_slots)
     if group_filter is not None and group_filter.num_groups != num_prompts:
         raise ValueError(

@@ -33,8 +33,10 @@ def sample(
     slots=SLOTS,
     prompts=PROMPTS,
     temperature=1.0,
+    eos_ids=EOS,
+    **options,
 ):
-    """The workload's completions from `generate`."""
+    """The workload's completions from `generate` (`options`: its other arguments)."""
     return generate(
         model,
         prompts,
@@ -44,9 +46,10 @@ def sample(
         top_p=top_p,
         prompt_of_slot=slots,
         prompt_bucket=BUCKET,
-        eos_ids=EOS,
+        eos_ids=eos_ids,
         micro_batch_slots=micro_batch_slots,
         batching=batching,
+        **options,
     )
 
 

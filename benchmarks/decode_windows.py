@@ -1,0 +1,195 @@
+"""Decode reads what is live: the static loop's windows (`sampling.window_ends`) on a CPU.
+
+Two measurements, one run, on a small Qwen3 shape (random weights, float32: D=256, 2 layers,
+4/2 heads of 64, F=768, V=4096):
+
+  bytes    XLA's cost analysis ("bytes accessed") of one compiled decode step of 64 slots
+           (forward through the KV cache, the output projection, the token draw), P = 256 and
+           M = 512, at a live length of P + M/2: the step over the window that holds it, and
+           the step over the whole P + M cache (the sampler before windows), each against the
+           least bytes a step must read (the weights once plus the live keys and values).
+  wall     the same completions sampled with a cap of 1,024 tokens and of 128 (stop ids that a
+           random policy draws often enough that every completion stops within 128 tokens;
+           checked), 256 slots of 32 prompts (64-token prompts) in static chunks of 64, with
+           windows (automatic, 128 tokens) and with one window of P + M (the sampler before
+           windows): the wall-time ratio cap 1,024 / cap 128 of each, median of the repeats.
+
+Run:  python -m benchmarks.decode_windows [--repeats=3] [--out=windows.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from benchmarks import rollout_engines
+from gdro_jax import models
+from gdro_jax.sampling import generate, sample_logits, window_ends
+
+# The engines benchmark's policy, with room for a 1,024-token cap after 64-token prompts.
+POLICY = rollout_engines.POLICY.replace(max_position_embeddings=4096)
+STEP_SLOTS, STEP_PROMPT, STEP_NEW = 64, 256, 512
+
+
+def _step_cost(model: models.Decoder, slots: int, blocks: tuple[int, ...]) -> float:
+    """Bytes accessed by one compiled decode step of `slots` slots over a KV cache in `blocks`
+    (slots per block; the step writes into the last, as the sampler's window does), the
+    per-layer weights sliced outside and the cache updated in place, as in the sampler's loop."""
+    graphdef, state = nnx.split((model, model.layer_slices()))
+
+    # The cache donated, as the loop's carry is updated in place: without it the untouched
+    # blocks are copied to the output and counted.
+    @functools.partial(jax.jit, donate_argnums=1)
+    def step(state, cache, tokens_C, positions_C, key_mask_CS, index, key):
+        model, layers = nnx.merge(graphdef, state)
+        h_C1D, cache = model.extend_cache(
+            tokens_C[:, None],
+            positions_C[:, None],
+            cache=cache,
+            cache_index=index,
+            key_mask_BS=key_mask_CS,
+            layers=layers,
+        )
+        token_C, logprob_C = sample_logits(model.logits(h_C1D)[:, 0], key, temperature=1.0)
+        return token_C, logprob_C, cache
+
+    parts = [jax.eval_shape(lambda n=n: model.init_cache(slots, n)) for n in blocks]
+    cache = models.KVCache(
+        k=tuple(tuple(part.k[i] for part in parts) for i in range(model.config.num_layers)),
+        v=tuple(tuple(part.v[i] for part in parts) for i in range(model.config.num_layers)),
+    )
+    args = (
+        state,
+        cache,
+        jax.ShapeDtypeStruct((slots,), jnp.int32),
+        jax.ShapeDtypeStruct((slots,), jnp.int32),
+        jax.ShapeDtypeStruct((slots, sum(blocks)), bool),
+        jax.ShapeDtypeStruct((), jnp.int32),
+        jax.random.key(0),
+    )
+    cost = step.lower(*args).compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    return float(cost["bytes accessed"])
+
+
+def bytes_per_step(model: models.Decoder) -> dict:
+    """The decode step's bytes at live length P + M/2: over the sampler's blocks up to its
+    window, and over one P + M cache (the sampler before windows)."""
+    config = model.config
+    itemsize = jnp.dtype(config.compute_dtype).itemsize
+    weights = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param))) * itemsize
+    live = STEP_PROMPT + STEP_NEW // 2
+    per_position = 2 * config.num_layers * config.num_kv_heads * config.head_dim * itemsize
+    least = weights + STEP_SLOTS * live * per_position
+    ends = window_ends(STEP_NEW)
+    index = next(i for i, end in enumerate(ends) if end >= STEP_NEW // 2 + 1)  # step M/2 + 1
+    later = zip(ends[:index], ends[1 : index + 1], strict=True)
+    blocks = (STEP_PROMPT + ends[0], *(b - a for a, b in later))
+    out = {
+        "slots": STEP_SLOTS,
+        "prompt": STEP_PROMPT,
+        "max_new_tokens": STEP_NEW,
+        "live_positions": live,
+        "least_bytes": least,
+        "weights_bytes": weights,
+    }
+    for name, sizes in (("window", blocks), ("whole", (STEP_PROMPT + STEP_NEW,))):
+        accessed = _step_cost(model, STEP_SLOTS, sizes)
+        out[name] = {"cache_slots": sum(sizes), "blocks": list(sizes), "bytes": accessed}
+        out[name]["over_least"] = accessed / least
+    return out
+
+
+def _workload(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(1, POLICY.vocab_size, 64).tolist() for _ in range(32)]
+    # 8 % of the vocabulary stops: a completion runs past 128 tokens with chance 0.92^128 = 2e-5.
+    eos = tuple(range(10, 10 + int(0.08 * POLICY.vocab_size)))
+    return prompts, np.repeat(np.arange(32, dtype=np.int32), 8), eos
+
+
+def wall_ratio(model: models.Decoder, repeats: int) -> dict:
+    """Cap 1,024 against cap 128 on completions that all stop within 128 tokens."""
+    prompts, slots, eos = _workload()
+
+    def run(cap: int, window: int):
+        start = time.perf_counter()
+        result = generate(
+            model,
+            prompts,
+            key=jax.random.key(1),
+            max_new_tokens=cap,
+            prompt_of_slot=slots,
+            prompt_bucket=64,
+            eos_ids=eos,
+            micro_batch_slots=64,
+            batching="static",
+            decode_window=window,
+        )
+        jax.block_until_ready(result.tokens)
+        return result, time.perf_counter() - start
+
+    out, differ = {}, {}
+    reference = None
+    for name, window in (("windows", 0), ("one window", None)):
+        seconds = {}
+        for cap in (128, 1024):
+            size = cap if window is None else window  # None: one window of P + cap
+            result, _ = run(cap, size)  # compiles
+            lengths = np.asarray(result.lengths)
+            if lengths.max() >= 128:
+                raise RuntimeError(f"a completion ran to {lengths.max()} tokens: not the workload")
+            tokens = np.asarray(result.tokens)[:, :128]
+            if reference is None:
+                reference = tokens
+            # Completions that differ from the first run's: the same keys, logits rounded
+            # otherwise by programs of other shapes (a near-uniform random policy's draws flip
+            # on a rounding now and then).
+            differ[f"{name}, cap {cap}"] = int(np.sum(np.any(tokens != reference, axis=1)))
+            seconds[cap] = float(np.median([run(cap, size)[1] for _ in range(repeats)]))
+        out[name] = {
+            "seconds_cap_128": seconds[128],
+            "seconds_cap_1024": seconds[1024],
+            "ratio": seconds[1024] / seconds[128],
+        }
+    out["completions_differing_from_the_first_run"] = differ
+    out["completion_tokens"] = int(lengths.sum())
+    out["longest"] = int(lengths.max())
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    model = models.init_decoder(POLICY, seed=0)
+    results = {"bytes": bytes_per_step(model), "wall": wall_ratio(model, args.repeats)}
+    b = results["bytes"]
+    print(
+        f"bytes per decode step at live P + M/2 = {b['live_positions']} (64 slots, least "
+        f"{b['least_bytes'] / 2**20:.1f} MiB): window of {b['window']['cache_slots']} slots "
+        f"{b['window']['over_least']:.2f}x least; whole P + M = {b['whole']['cache_slots']} "
+        f"{b['whole']['over_least']:.2f}x"
+    )
+    for name in ("windows", "one window"):
+        w = results["wall"][name]
+        print(
+            f"{name}: cap 1,024 {w['seconds_cap_1024']:.2f} s, cap 128 "
+            f"{w['seconds_cap_128']:.2f} s, ratio {w['ratio']:.2f}x (longest completion "
+            f"{results['wall']['longest']})"
+        )
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
