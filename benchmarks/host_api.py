@@ -3,10 +3,10 @@ it wraps.
 
 One step at N prompts from a pool of D (default the DAPO-Math size, 14.1k, N = 256, n_mean 4):
 `select_prompts`, `allocate`, `multipliers` (one id per rollout, as an advantage estimator asks)
-and `observe` (one reward per rollout), then `to_bytes` and `load_bytes`. The reference, timed
-in the same run over the same steps, is the composed decisions' `plan` and `update` jitted and
-called directly on device arrays, waited for (`block_until_ready`): what the host API adds is
-the numpy conversions, its checks and the copy back to the host.
+and `observe` (one prompt id and one reward per rollout), then `to_bytes` and `load_bytes`. The
+reference, timed in the same run over the same steps, is the composed decisions' `plan` and
+`update` jitted and called directly on device arrays, waited for (`block_until_ready`): what the
+host API adds is the numpy conversions, its checks and the copy back to the host.
 
 Run:  python -m benchmarks.host_api [--steps 200] [--pool 14100] [--batch 256]
 """
@@ -63,9 +63,10 @@ def time_host(adversary, pool, batch, steps, seed=0) -> dict[str, float]:
         t2 = time.perf_counter()
         host.multipliers(np.repeat(ids, counts))
         t3 = time.perf_counter()
+        rows = np.repeat(ids, counts)  # one prompt id per reward, the batch's order
         rewards = _rewards(rng, counts)
         t4 = time.perf_counter()
-        host.observe(ids, rewards)
+        host.observe(rows, rewards)
         jax.block_until_ready(host.state)
         t5 = time.perf_counter()
         data = host.to_bytes()

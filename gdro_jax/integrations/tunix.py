@@ -237,7 +237,10 @@ class GDROLearner(grpo_learner.GRPOLearner):
         if self._rewards is None or self._rewards.shape != ids_of_rollouts.shape:
             raise RuntimeError("Tunix's learner did not compute one reward per rollout")
         weights = host.multipliers(ids_of_rollouts)
-        host.observe(ids, self._rewards, num_rollouts=np.full(ids.shape, num_generations, np.int32))
+        # One prompt id per reward, in Tunix's row order (each prompt's `num_generations` rows
+        # in a row, the `prompt_id` field repeated with them); observe checks num_generations
+        # (its n_mean) a prompt.
+        host.observe(ids_of_rollouts, self._rewards)
         self.rl_cluster.buffer_metrics(
             {
                 "gdro/multiplier_max": (float(weights.max()), np.max),

@@ -8,6 +8,9 @@ folded with `step + 1` (the decisions differ at the first draw); `observe` count
 `>= threshold` as correct (the classifier's state differs); `multipliers` returning the batch's
 weights in batch order instead of by id (`test_multipliers_follow_the_ids...`); `load_bytes`
 keeping the seed it was built with (the resumed run's draws differ).
+
+`observe`'s grouping by id and its refusals are in `test_host_observe.py`; `for_method` and the
+settings a restore compares in `test_host_methods.py`.
 """
 
 from __future__ import annotations
@@ -74,7 +77,7 @@ def host_loop(adversary, seed=7):
         weights = host.multipliers(ids)
         rewards = rewards_for(rng, ids, counts)
         decisions.append((candidates, ids, counts, weights, rewards))
-        host.observe(ids, rewards)
+        host.observe(np.repeat(ids, counts), rewards)
     return host, decisions
 
 
@@ -133,7 +136,7 @@ def test_the_state_round_trips_through_bytes_mid_run(name):
         counts = host.allocate(ids)
         np.testing.assert_array_equal(ids, whole[step][1])
         np.testing.assert_array_equal(counts, whole[step][2])
-        host.observe(ids, rewards_for(rng, ids, counts))
+        host.observe(np.repeat(ids, counts), rewards_for(rng, ids, counts))
     again = HostControllers.from_bytes(adversary, host.to_bytes())
     assert again.to_bytes() == host.to_bytes()
 
@@ -161,12 +164,8 @@ def test_misuse_is_named():
     ids = host.select_prompts(np.array([0, 1]))
     with pytest.raises(RuntimeError, match="already called at step 0"):
         host.select_prompts(np.array([0, 1]))
-    with pytest.raises(ValueError, match="observe: prompt_ids are not step 0's batch"):
-        host.observe(ids[::-1], np.zeros(8))
-    with pytest.raises(
-        ValueError, match="rewards has 7 entries; the groups' num_rollouts sum to 8"
-    ):
-        host.observe(ids, np.zeros(7))
+    with pytest.raises(ValueError, match="allocate: prompt_ids are not step 0's batch"):
+        host.allocate(ids[::-1])
     with pytest.raises(ValueError, match="must be a non-empty 1-D integer array"):
         host.allocate(np.array([0.0, 1.0]))
     drawing = HostControllers(ADVERSARIES["mopps"])
@@ -183,15 +182,21 @@ def test_misuse_is_named():
 
 
 def test_bytes_of_another_state_are_refused_naming_the_field():
+    """The settings are compared first (`test_host_methods.py` checks every field is named);
+    the shapes of bytes without settings in `test_host_methods.py` too."""
     data = HostControllers(ADVERSARIES["prompt_gdro"]).to_bytes()
     other = controllers.multi_adversary(
         controllers.passk_classifier(D + 1, k=2, edges=(0.3, 0.7)),
         controllers.prompt_gdro(num_bins=3),
         n_mean=N_MEAN,
     )
-    with pytest.raises(ValueError, match=r"state\.classifier\.history: saved float32\[12, 8\]"):
+    with pytest.raises(ValueError, match=r"num_prompts: saved 12, here 13"):
         HostControllers.from_bytes(other, data)
-    with pytest.raises(ValueError, match=r"state\.prompt: the saved state has a part"):
+    with pytest.raises(
+        ValueError,
+        match=r"method: saved 'gdro_both', here 'grpo'.*"
+        r"parts\.prompt_adversary: saved 'prompt_gdro', here None",
+    ):
         HostControllers.from_bytes(
             ADVERSARIES["grpo"], HostControllers(ADVERSARIES["gdro_both"]).to_bytes()
         )

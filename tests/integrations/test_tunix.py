@@ -8,7 +8,8 @@ rewards by prompt id, counted in a Python loop.
 
 Planted bugs each test was seen failing on: the multipliers not applied to the advantages
 (`test_three_steps...`: the trained advantages differ from the reference at step 2); the
-batch's prompt ids rolled by one against its rewards (the controllers' state differs); the
+rollouts' prompt ids given to `observe` rolled by one prompt (G rows) against their rewards
+(`test_three_steps...`: the multipliers, so the trained advantages, differ at step 3); the
 skip of a resumed run's trained batches removed from `PromptSource.batches` (the resumed run
 draws other prompts from step 3 on).
 """
@@ -339,10 +340,12 @@ def _thompson_frequencies(alpha, beta, target):
 
 def test_the_mopps_source_draws_what_the_posterior_says():
     """Three prompts with fixed posteriors, a batch of one from all three, 3000 draws through
-    the source (each step observed with no rollout, which changes no posterior): each prompt's
-    frequency against the probability that its Beta sample is nearest the target."""
-    alpha, beta, target = np.array([2.0, 6.0, 1.0]), np.array([2.0, 2.0, 5.0]), 0.4
-    sampler = controllers.mopps(3, candidates=3, target=target)
+    the source: each prompt's frequency against the probability that its Beta sample is nearest
+    the target. Each step observes the drawn prompt's G rewards (one correct), which moves its
+    posterior by MoPPS's rule (checked against that rule by hand), then puts the fixed posterior
+    back, so every draw is from it; the step, and so the key, still advances."""
+    alpha, beta, target, decay = np.array([2.0, 6.0, 1.0]), np.array([2.0, 2.0, 5.0]), 0.4, 0.5
+    sampler = controllers.mopps(3, candidates=3, target=target, decay=decay)
     adversary = controllers.multi_adversary(
         controllers.passk_classifier(3, k=2), sampler=sampler, n_mean=G
     )
@@ -355,13 +358,21 @@ def test_the_mopps_source_draws_what_the_posterior_says():
     host._state = posterior  # a fixed posterior to draw from
     records3 = [{"prompts": p} for p in PROMPTS[:3]]
     source = gdro_tunix.PromptSource(host, records3, batch_size=1, num_batches=3000)
+    rewards = np.array([1.0] + [0.0] * (G - 1))  # one correct of G
     drawn = []
-    for batch in source:
+    for step, batch in enumerate(source):
         drawn.append(int(batch["prompt_id"][0]))
         assert batch["prompts"][0] == PROMPTS[drawn[-1]]
-        host.observe(batch["prompt_id"], np.zeros(0), num_rollouts=np.zeros(1, np.int32))
-    np.testing.assert_array_equal(host.state.sampler.alpha, alpha)  # no posterior moved
-    np.testing.assert_array_equal(host.state.sampler.beta, beta)
+        host.observe(np.repeat(batch["prompt_id"], G), rewards)
+        assert host.step == step + 1
+        if step < 20:  # the drawn prompt's posterior decays toward the Beta(1, 1) prior and
+            # adds its rollouts; the others stay (MoPPS's update, by hand)
+            moved_alpha, moved_beta = alpha.copy(), beta.copy()
+            moved_alpha[drawn[-1]] = decay * alpha[drawn[-1]] + (1 - decay) + 1
+            moved_beta[drawn[-1]] = decay * beta[drawn[-1]] + (1 - decay) + (G - 1)
+            np.testing.assert_allclose(host.state.sampler.alpha, moved_alpha, rtol=1e-6)
+            np.testing.assert_allclose(host.state.sampler.beta, moved_beta, rtol=1e-6)
+        host._state = posterior  # the fixed posterior again, for the next draw
     frequencies = np.bincount(drawn, minlength=3) / len(drawn)
     expected = _thompson_frequencies(alpha, beta, target)
     standard_error = np.sqrt(expected * (1 - expected) / len(drawn))
