@@ -18,7 +18,7 @@ TUNIX_VENV := .venv-tunix
 TUNIX_PY := $(TUNIX_VENV)/bin/python
 TUNIX_INSTALLED := $(TUNIX_VENV)/.installed-tunix
 
-.PHONY: demo study sim notebooks test test-slow test-isa test-vllm test-tunix bench-engines lint format bench clean
+.PHONY: demo study horizon sim notebooks test test-slow test-isa test-vllm test-tunix bench-engines lint format bench clean
 
 $(RUNTIME): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -45,6 +45,12 @@ PROFILE ?= cliff
 study: $(RUNTIME)
 	$(PY) -m experiments.compare --config=experiments/configs/rivals_study.py:$(PROFILE) \
 		--workdir=runs/study_$(PROFILE) --results=results/study_$(PROFILE) --results_md=RESULTS.md
+
+# The horizon study (issue 48, RESULTS.md): 4 arms x 5 seeds x 600 steps on the graded profile,
+# into results/horizon_graded and RESULTS.md; resumes as `study` does (about 6 hours on 2 cores).
+horizon: $(RUNTIME)
+	$(PY) -m experiments.compare --config=experiments/configs/horizon_study.py \
+		--workdir=runs/horizon_graded --results=results/horizon_graded --results_md=RESULTS.md
 
 # The controller-dynamics simulation (about 20 s).
 sim: $(RUNTIME)
