@@ -17,7 +17,12 @@
 - What a run's method decided, read back from its metrics (`decision_summary`: the rivals'
   rollouts per prompt, drawn prompts and kept groups).
 - The statistics of a comparison over seeds (`paired_relative_gain`: a method's gain over GRPO,
-  paired by seed and problem, with a paired bootstrap interval; `detectable_gain`).
+  paired by seed and problem, with a paired bootstrap interval; `detectable_gain`;
+  `paired_gain_change`: how that gain changes between two points of the same runs).
+- A horizon study (`config.along_primary`, `experiments/configs/horizon_study.py`): the primary
+  gain at every point along the runs, its change from the first point to the last and its
+  reading (`reading_of`), beside the points of the study it continues (`config.warm_start_store`,
+  whose warm start it starts from, `restore_other_warm_start`); `plot_horizon`.
 """
 
 from gdro_jax.study._collect import (
@@ -25,6 +30,7 @@ from gdro_jax.study._collect import (
     RESULTS_END,
     collect,
     level_weights,
+    reading_of,
     results_markers,
     run_figures,
     write_results,
@@ -38,6 +44,7 @@ from gdro_jax.study._compare import (
     parse_overrides,
     pending,
     prepare_warm_start,
+    restore_other_warm_start,
     restore_warm_start,
     run_config,
     run_one,
@@ -71,11 +78,13 @@ from gdro_jax.study._premise import (
 from gdro_jax.study._report import (
     ALONG_FIGURE,
     FIGURES,
+    HORIZON_FIGURE,
     draw_figures,
     load_logs,
     plot_allocation,
     plot_along,
     plot_heldout,
+    plot_horizon,
     plot_lead_lag,
     plot_prompt_adversary,
     plot_standard_error,
@@ -87,6 +96,7 @@ from gdro_jax.study._stats import (
     PairedGain,
     bootstrap_gains,
     detectable_gain,
+    paired_gain_change,
     paired_relative_gain,
 )
 from gdro_jax.study._tables import format_tables
@@ -94,6 +104,7 @@ from gdro_jax.study._tables import format_tables
 __all__ = [
     "ALONG_FIGURE",
     "FIGURES",
+    "HORIZON_FIGURE",
     "RESULTS_BEGIN",
     "RESULTS_END",
     "Criterion",
@@ -122,6 +133,7 @@ __all__ = [
     "level_weights",
     "load_logs",
     "log_rows",
+    "paired_gain_change",
     "paired_relative_gain",
     "parse_overrides",
     "pending",
@@ -129,6 +141,7 @@ __all__ = [
     "plot_allocation",
     "plot_along",
     "plot_heldout",
+    "plot_horizon",
     "plot_lead_lag",
     "plot_premise",
     "plot_prompt_adversary",
@@ -139,7 +152,9 @@ __all__ = [
     "pool_level_shares",
     "premise_criteria",
     "prepare_warm_start",
+    "reading_of",
     "problem_success",
+    "restore_other_warm_start",
     "restore_warm_start",
     "results_markers",
     "run_config",

@@ -13,12 +13,20 @@ import ml_collections
 import numpy as np
 
 from gdro_jax.eval import pass_at_k
-from gdro_jax.study._compare import RunSpec, _eval_file, arms_of, log_rows, pending, seeds_of
+from gdro_jax.study._compare import (
+    STORE,
+    RunSpec,
+    _eval_file,
+    arms_of,
+    log_rows,
+    pending,
+    seeds_of,
+)
 from gdro_jax.study._demo import BASELINE, warm_start_frontier
 from gdro_jax.study._premise import all_equal_share, batches_failing, bin_shares
 from gdro_jax.study._report import draw_figures
-from gdro_jax.study._stats import detectable_gain, paired_relative_gain
-from gdro_jax.study._tables import format_tables
+from gdro_jax.study._stats import detectable_gain, paired_gain_change, paired_relative_gain
+from gdro_jax.study._tables import _mark, format_tables
 
 # --- Collecting a finished study ------------------------------------------------------------
 
@@ -206,7 +214,7 @@ def collect(
         for arm in arms
     }
     base_tokens = means[config.baseline]["sampled_tokens"]
-    along = _along(records, config, frontier)
+    along = _along(records, config, frontier, primary=bool(config.get("along_primary")))
     summary = {
         "split": split,
         "arms": arms,
@@ -233,6 +241,9 @@ def collect(
     }
     if along is not None:
         summary["along"] = along
+        reference = _along_reference(config, arms, seeds, frontier)
+        if reference is not None:
+            summary["along_reference"] = reference
     training = _training(records)
     if training is not None:
         summary["training"] = training
@@ -304,32 +315,62 @@ def _training(records: dict[str, dict[int, dict]]) -> dict[str, Any] | None:
     return out
 
 
-def _along(records: dict[str, dict[int, dict]], config, frontier) -> dict[str, Any] | None:
+def _along(
+    records: dict[str, dict[int, dict]], config, frontier, *, primary: bool = False
+) -> dict[str, Any] | None:
     """The held-out figures along the runs (`checkpoint.snapshot_steps`), when every run has
-    them at the same sampled rollouts: per arm, the seeds' mean frontier and pooled pass@1 at
-    each point, the rollouts it first took to reach the baseline's final frontier pass@1 (None:
-    never), and (other arms) its frontier pass@1 gain over the baseline at each point, paired by
-    seed and problem, with its interval (`MARK_RESAMPLES` resamples)."""
-    records = {arm: list(runs.values()) for arm, runs in records.items()}
-    if not all("along" in r for runs in records.values() for r in runs):
+    them at the same steps and every arm has the baseline's seeds: per arm, the seeds' mean
+    frontier and pooled pass@1 at each point, the rollouts it first took to reach the baseline's
+    final frontier pass@1 (None: never), and (other arms) its frontier pass@1 gain over the
+    baseline at each point with its interval (`MARK_RESAMPLES` resamples).
+
+    Points pair by their step and runs by their seed, never by their order in the files. With
+    `primary` (a study that declares its primary along the run, `config.along_primary`), also,
+    per arm: the mean of the primary figure at each point; its gain over the baseline at each
+    point (`primary gain`, `config.primary.num_resamples` resamples) and how that gain changed
+    from the first point to the last (`primary change`, paired over seeds and problems); the
+    pooled pass@1 gain at each point; and the fraction of groups with a non-zero gradient in each
+    segment of steps ending at a point (from the compact logs)."""
+    if config.baseline not in records or not all(
+        "along" in r for runs in records.values() for r in runs.values()
+    ):
         return None
-    points = {
-        tuple(p["sampled_rollouts"] for p in r["along"]) for rs in records.values() for r in rs
+    seeds = sorted(records[config.baseline])
+    if any(sorted(runs) != seeds for runs in records.values()):
+        return None
+    by_step = {
+        arm: {seed: {int(p["step"]): p for p in r["along"]} for seed, r in runs.items()}
+        for arm, runs in records.items()
     }
-    if len(points) != 1:
+    step_sets = {tuple(sorted(points)) for runs in by_step.values() for points in runs.values()}
+    if len(step_sets) != 1:
         return None
-    (rollouts,) = points
+    (steps,) = step_sets
+    first = by_step[config.baseline][seeds[0]]
+    rollouts = [int(first[step]["sampled_rollouts"]) for step in steps]
+    if any(
+        int(points[step]["sampled_rollouts"]) != r
+        for runs in by_step.values()
+        for points in runs.values()
+        for step, r in zip(steps, rollouts, strict=True)
+    ):
+        return None  # the same step at other sampled rollouts: not comparable
+    metric = config.primary.metric
+    names = ("frontier pass@1", "pooled pass@1", *((f"frontier {metric}",) if primary else ()))
+    metrics = tuple(dict.fromkeys(("pass@1", metric)))
+
+    def evaluated(arm: str, seed: int, step: int) -> Evaluated:
+        return _evaluated(by_step[arm][seed][step], 0.0)
+
     curves: dict[str, Any] = {}
-    for arm, runs in records.items():
-        figures = [
-            [_figures_of(_evaluated(point, 0.0), ("pass@1",), frontier) for point in r["along"]]
-            for r in runs
-        ]
+    for arm in records:
+        figures = {
+            step: [_figures_of(evaluated(arm, s, step), metrics, frontier) for s in seeds]
+            for step in steps
+        }
         curves[arm] = {
-            name: [
-                float(np.mean([seed[i][name] for seed in figures])) for i in range(len(rollouts))
-            ]
-            for name in ("frontier pass@1", "pooled pass@1")
+            name: [float(np.mean([f[name] for f in figures[step]])) for step in steps]
+            for name in names
         }
     target = curves[config.baseline]["frontier pass@1"][-1]
     for curve in curves.values():
@@ -338,29 +379,112 @@ def _along(records: dict[str, dict[int, dict]], config, frontier) -> dict[str, A
         ]
         curve["rollouts_to_baseline_final"] = reached[0] if reached else None
 
-    def frontier_pass1(arm: str, point: int) -> np.ndarray:
-        """[seeds, frontier problems] pass@1 after the `point`-th held-out evaluation."""
+    def matrix(arm: str, step: int, metric: str, levels) -> np.ndarray:
+        """[seeds, problems] figures after `step` steps: `levels`' problems, or all of them
+        weighted so that every level counts equally (`levels` None, the pooled scope)."""
         rows = []
-        for record in records[arm]:
-            result = _evaluated(record["along"][point], 0.0)
-            rows.append(_per_problem(result, "pass@1")[np.isin(result.levels, frontier)])
+        for seed in seeds:
+            result = evaluated(arm, seed, step)
+            values = _per_problem(result, metric)
+            if levels is None:
+                rows.append(values * level_weights(result.levels))
+            else:
+                rows.append(values[np.isin(result.levels, levels)])
         return np.stack(rows)
 
-    for arm, curve in curves.items():
-        if arm == config.baseline or not frontier:
-            continue
-        gains = []
-        for point in range(len(rollouts)):
-            base = frontier_pass1(config.baseline, point)
+    def gains(arm: str, metric: str, levels, num_resamples: int) -> list:
+        out = []
+        for step in steps:
+            base = matrix(config.baseline, step, metric, levels)
             paired = None
-            if base.mean() > 0:
+            if base.size and base.mean() > 0:
                 paired = paired_relative_gain(
-                    frontier_pass1(arm, point), base, num_resamples=MARK_RESAMPLES,
+                    matrix(arm, step, metric, levels), base, num_resamples=num_resamples,
                     confidence=config.primary.confidence, seed=0,
                 )  # fmt: skip
-            gains.append(None if paired is None else _interval_only(paired._asdict()))
-        curve["frontier pass@1 gain"] = gains
-    return {"sampled_rollouts": list(rollouts), "arms": curves}
+            out.append(None if paired is None else _interval_only(paired._asdict()))
+        return out
+
+    primary_levels = frontier if config.primary.levels == "frontier" else None
+    for arm, curve in curves.items():
+        if primary:
+            curve["nonzero_gradient_fraction"] = _segment_means(
+                [records[arm][s]["log"] for s in seeds], steps, "nonzero_advantage_fraction"
+            )
+        if arm == config.baseline:
+            continue
+        if frontier:
+            curve["frontier pass@1 gain"] = gains(arm, "pass@1", frontier, MARK_RESAMPLES)
+        if not primary:
+            continue
+        resamples = config.primary.num_resamples
+        curve["primary gain"] = gains(arm, metric, primary_levels, resamples)
+        curve["pooled pass@1 gain"] = gains(arm, "pass@1", None, MARK_RESAMPLES)
+        first_step, last_step = steps[0], steps[-1]
+        ends = (first_step, last_step)
+        bases = [matrix(config.baseline, step, metric, primary_levels) for step in ends]
+        change = None
+        if all(b.size and b.mean() > 0 for b in bases):
+            change = paired_gain_change(
+                matrix(arm, first_step, metric, primary_levels), bases[0],
+                matrix(arm, last_step, metric, primary_levels), bases[1],
+                num_resamples=resamples, confidence=config.primary.confidence, seed=0,
+            )  # fmt: skip
+            change = _interval_only(change._asdict())
+        curve["primary change"] = change
+        curve["reading"] = reading_of(change)
+    out: dict[str, Any] = {"sampled_rollouts": rollouts, "arms": curves}
+    if primary:
+        out["steps"] = list(steps)
+        out["primary_name"] = f"{'frontier' if primary_levels else 'pooled'} {metric}"
+    return out
+
+
+def _along_reference(config, arms: list[str], seeds: list[int], frontier) -> dict | None:
+    """The points of the study a horizon study continues (`config.warm_start_store`, its
+    results folder), for the arms and seeds both have: its figures along its own runs, computed
+    as this study's (`_along` with the primary); None without such a study or points."""
+    if not (config.get("along_primary") and config.get("warm_start_store")):
+        return None
+    store = pathlib.Path(config.warm_start_store) / STORE
+    split = config.eval.split
+    records: dict[str, dict[int, dict]] = {}
+    for arm in arms:
+        paths = {seed: _eval_file(store / arm / f"seed_{seed}", split) for seed in seeds}
+        if not all(path.exists() for path in paths.values()):
+            continue
+        records[arm] = {seed: json.loads(path.read_text()) for seed, path in paths.items()}
+    along = _along(records, config, frontier, primary=True)
+    if along is None:
+        return None
+    return {"results": str(config.warm_start_store), **along}
+
+
+def reading_of(change: dict[str, float] | None) -> str:
+    """The horizon study's declared reading of a gain's change from the first point to the last:
+    `grows` / `closes` where the change's interval lies above / below 0, else `holds`
+    (`undefined` without a change)."""
+    if change is None:
+        return "undefined"
+    return {" (+)": "grows", " (-)": "closes", "": "holds"}[_mark(change)]
+
+
+def _segment_means(logs: list[dict[str, list]], steps: tuple[int, ...], name: str) -> list:
+    """The mean over seeds of each run's mean of `name` over the steps in each segment
+    `(previous point, point]` (the first from step 1); None for a segment no log covers."""
+    out = []
+    for low, high in zip((0, *steps[:-1]), steps, strict=True):
+        per_run = []
+        for log in logs:
+            values = [
+                float(v)
+                for step, v in zip(log["step"], log[name], strict=True)
+                if low < int(step) <= high
+            ]
+            if values:
+                per_run.append(float(np.mean(values)))
+        out.append(float(np.mean(per_run)) if per_run else None)
+    return out
 
 
 # --- Writing the results ----------------------------------------------------------------------

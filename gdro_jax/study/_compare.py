@@ -408,6 +408,7 @@ def run_one(
         write_record(_eval_file(run_folder(store, spec), config.eval.split), record)
 
 
+STORE = "runs"  # the store's folder under a study's results folder
 # The store's record of the warm start the runs started from.
 WARM_START_FILE = "warm_start.json"
 
@@ -472,6 +473,34 @@ def restore_warm_start(
             (warm / relative).parent.mkdir(parents=True, exist_ok=True)
             _write_atomic_bytes(warm / relative, (kept / relative).read_bytes())
     return True
+
+
+def restore_other_warm_start(
+    config: ml_collections.ConfigDict, workdir: pathlib.Path, other: pathlib.Path
+) -> None:
+    """Gives a study that continues another's (`config.warm_start_store`) the warm start whose
+    weights that study's runs started from, `other` being its store: copied into a work
+    directory that has none, checked against one that has.
+
+    Raises:
+      ValueError: `other` holds no warm start of this study's pretrain config (a new one would
+        not pair with the runs it continues), or the work directory's has other weights.
+    """
+    workdir, other = pathlib.Path(workdir), pathlib.Path(other)
+    stored = _stored_identity(other)
+    if stored is None or stored.get("config_hash") != config_hash(config.pretrain):
+        raise ValueError(
+            f"warm_start_store: {other} holds no warm start of this study's pretrain config "
+            f"(hash {config_hash(config.pretrain)}, stored "
+            f"{None if stored is None else stored.get('config_hash')}); the runs would not start "
+            "from the weights of the study they continue. Restore that store, or clear "
+            "warm_start_store to train a warm start here"
+        )
+    if not restore_warm_start(config, workdir, other):  # present already: the same weights?
+        model = workdir / BASELINE / models.MODEL_DIR
+        if not (model / "model.safetensors").exists():
+            raise ValueError(f"warm_start_store: {other} keeps its warm start's identity only")
+        _refuse_other_weights(weights_fingerprint(model), stored, model, other)
 
 
 def sync_store(config: ml_collections.ConfigDict, workdir: pathlib.Path, store: pathlib.Path):

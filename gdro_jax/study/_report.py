@@ -11,6 +11,9 @@ The figures show why a method does or does not help, from the metrics every run 
     standard_error.png     the weighted standard error against a uniform allocation of the slots
     tokens.png             training accuracy against cumulative sampled tokens (token-matched)
     heldout.png            held-out pass@k per level, and the primary gains with intervals
+    along.png              held-out pass@1 along the runs (runs evaluated along the way)
+    horizon.png            the primary gain with its interval against the sampled rollouts, with
+                           the points of the study a horizon study continues (`along_primary`)
 
 The tables of the same summary are `_tables.format_tables`.
 """
@@ -38,6 +41,7 @@ FIGURES = (
     "heldout.png",
 )
 ALONG_FIGURE = "along.png"  # drawn when the runs were evaluated along the way
+HORIZON_FIGURE = "horizon.png"  # drawn when the study declares its primary along the run
 
 
 def load_logs(
@@ -297,6 +301,49 @@ def plot_along(summary: dict) -> Figure:
     return fig
 
 
+def plot_horizon(summary: dict) -> Figure:
+    """The primary gain over the baseline (left) and the pooled pass@1 gain (right) against the
+    rollouts sampled so far, per arm: the mean over seeds with its paired interval as an error
+    bar; hollow markers, the same gains along the runs of the study this one continues."""
+    along, base = summary["along"], summary["baseline"]
+    reference = summary.get("along_reference", {"arms": {}})
+    fig = figure(figsize=(11, 4), layout="constrained")
+    axes = fig.subplots(1, 2)
+    colors = colors_for(along["arms"])
+    panels = (("primary gain", along["primary_name"]), ("pooled pass@1 gain", "pooled pass@1"))
+    for ax, (key, title) in zip(axes, panels, strict=True):
+        for arm in along["arms"]:
+            if arm == base:
+                continue
+            for source, style, label in (
+                (along, dict(marker="o", ls="-"), arm),
+                (reference, dict(marker="o", ls=":", mfc="none"), f"{arm} (150-step study)"),
+            ):
+                points = source["arms"].get(arm, {}).get(key)
+                if points is None:
+                    continue
+                pairs = zip(source["sampled_rollouts"], points, strict=True)
+                kept = [(r, g) for r, g in pairs if g]
+                if not kept:
+                    continue
+                x = np.asarray([r for r, _ in kept], np.float64)
+                gain = np.asarray([100 * g["gain"] for _, g in kept])
+                errors = np.asarray(
+                    [[100 * (g["gain"] - g["low"]), 100 * (g["high"] - g["gain"])] for _, g in kept]
+                ).T
+                ax.errorbar(
+                    x, gain, yerr=errors, capsize=3, color=colors[arm], label=label, **style
+                )
+        ax.axhline(0, color="grey", lw=0.5)
+        ax.set(
+            xlabel="sampled rollouts",
+            ylabel=f"relative gain over {base} (%)",
+            title=f"{title}: gain over {base}, 95% CI",
+        )
+    axes[0].legend(fontsize=7)
+    return fig
+
+
 def draw_figures(summary: dict, workdir: str | pathlib.Path, out: str | pathlib.Path) -> list:
     """Draws every figure of the module docstring into `out` (PNG); returns their paths."""
     out = pathlib.Path(out)
@@ -316,6 +363,9 @@ def draw_figures(summary: dict, workdir: str | pathlib.Path, out: str | pathlib.
     if "along" in summary:
         figures.append(plot_along(summary))
         names.append(ALONG_FIGURE)
+        if "steps" in summary["along"]:
+            figures.append(plot_horizon(summary))
+            names.append(HORIZON_FIGURE)
     for name, fig in zip(names, figures, strict=True):
         fig.savefig(out / name, dpi=120)
         paths.append(out / name)

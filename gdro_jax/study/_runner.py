@@ -10,6 +10,8 @@ With a results folder, each finished run's evaluation file is also kept in its s
 `<results>/runs/` (committed with the results, `_compare.sync_store`), with the warm start the
 runs started from: on a fresh machine the same command restores that warm start and trains only
 the runs the store lacks, and with nothing to train it collects the tables from the store alone.
+A study that continues another's (`config.warm_start_store`, e.g. the horizon study) restores
+that store's warm start when its own store has none, so its runs start from the same weights.
 """
 
 from __future__ import annotations
@@ -27,17 +29,17 @@ from tqdm.auto import tqdm
 
 from gdro_jax.study._collect import run_figures, write_results
 from gdro_jax.study._compare import (
+    STORE,
     RunSpec,
     pending,
     prepare_warm_start,
+    restore_other_warm_start,
     restore_warm_start,
     run_one,
     run_specs,
     sync_store,
 )
 from gdro_jax.study._tables import format_tables
-
-STORE = "runs"  # the store's folder under the results folder
 
 
 def _child_command(command: Sequence[str], spec: RunSpec) -> list[str]:
@@ -119,6 +121,8 @@ def run_study(
     if todo or unstored or store is None or config.only:
         if store is not None:
             restore_warm_start(config, workdir, store)  # the stored weights, not retrained
+        if config.get("warm_start_store"):  # another study's runs' warm start (same config)
+            restore_other_warm_start(config, workdir, pathlib.Path(config.warm_start_store) / STORE)
         prepare_warm_start(config, workdir)
         if store is not None:
             sync_store(config, workdir, store)  # refuses a warm start unlike the stored runs'

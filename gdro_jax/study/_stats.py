@@ -67,6 +67,20 @@ def bootstrap_gains(
         return np.where(picked_b > 0, picked_m / picked_b - 1.0, np.nan)
 
 
+def _draws(shape: tuple[int, int], num_resamples: int, seed: int):
+    """The bootstrap's draws: int [K, S] seed indices and int [K, P] problem indices."""
+    num_seeds, num_problems = shape
+    rng = np.random.default_rng(seed)
+    seed_draws = rng.integers(0, num_seeds, size=(num_resamples, num_seeds))
+    return seed_draws, rng.integers(0, num_problems, size=(num_resamples, num_problems))
+
+
+def _percentiles(values: np.ndarray, confidence: float) -> tuple[float, float]:
+    tail = (1 - confidence) / 2 * 100
+    low, high = np.percentile(values, [tail, 100 - tail])
+    return float(low), float(high)
+
+
 def paired_relative_gain(
     method_SP: ArrayLike,
     base_SP: ArrayLike,
@@ -95,14 +109,10 @@ def paired_relative_gain(
         raise ValueError(f"confidence must be in (0, 1), got confidence={confidence!r}")
     if base_SP.mean() <= 0:
         raise ValueError("the base's mean is 0: a relative gain is undefined")
-    num_seeds, num_problems = base_SP.shape
-    rng = np.random.default_rng(seed)
-    seed_draws = rng.integers(0, num_seeds, size=(num_resamples, num_seeds))
-    problem_draws = rng.integers(0, num_problems, size=(num_resamples, num_problems))
+    seed_draws, problem_draws = _draws(base_SP.shape, num_resamples, seed)
     gains = bootstrap_gains(method_SP, base_SP, seed_draws, problem_draws)
     gains = gains[np.isfinite(gains)]
-    tail = (1 - confidence) / 2 * 100
-    low, high = np.percentile(gains, [tail, 100 - tail])
+    low, high = _percentiles(gains, confidence)
     with np.errstate(divide="ignore", invalid="ignore"):
         per_seed = method_SP.mean(axis=1) / base_SP.mean(axis=1) - 1.0
     return PairedGain(
@@ -118,3 +128,60 @@ def detectable_gain(standard_error: float, *, z_alpha: float = 1.96, z_power: fl
     """The smallest true gain a two-sided test at 5 % finds with 80 % power, given the gain's
     standard error: `(z_{1-alpha/2} + z_{power}) * SE` (2.8 SE)."""
     return (z_alpha + z_power) * standard_error
+
+
+def paired_gain_change(
+    method_a_SP: ArrayLike,
+    base_a_SP: ArrayLike,
+    method_b_SP: ArrayLike,
+    base_b_SP: ArrayLike,
+    *,
+    num_resamples: int = 10_000,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> PairedGain:
+    """How a method's relative gain over the base changes between two evaluations of the same
+    runs on the same problems (e.g. after 150 and after 600 steps): `G_b - G_a`, with a paired
+    bootstrap interval whose every resample draws the same seeds and problems for all four
+    arrays (the runs and the problems stay paired across the two points).
+
+    Args:
+      method_a_SP, base_a_SP: [seeds, problems] figures at the first point.
+      method_b_SP, base_b_SP: the same seeds and problems at the second.
+      num_resamples, confidence, seed: as `paired_relative_gain`.
+
+    Returns:
+      `PairedGain` of the difference (`per_seed`: each seed's difference of its gains).
+
+    Raises:
+      ValueError: the four shapes differ, non-finite values, or a base whose mean is 0.
+    """
+    method_a_SP, base_a_SP = _pairs(method_a_SP, base_a_SP)
+    method_b_SP, base_b_SP = _pairs(method_b_SP, base_b_SP)
+    if method_a_SP.shape != method_b_SP.shape:
+        raise ValueError(
+            "the two points must hold the same seeds and problems, got shapes "
+            f"{method_a_SP.shape} and {method_b_SP.shape}"
+        )
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got confidence={confidence!r}")
+    if base_a_SP.mean() <= 0 or base_b_SP.mean() <= 0:
+        raise ValueError("a base's mean is 0: a relative gain is undefined")
+    seed_draws, problem_draws = _draws(base_a_SP.shape, num_resamples, seed)
+    changes = bootstrap_gains(method_b_SP, base_b_SP, seed_draws, problem_draws)
+    changes = changes - bootstrap_gains(method_a_SP, base_a_SP, seed_draws, problem_draws)
+    changes = changes[np.isfinite(changes)]
+    low, high = _percentiles(changes, confidence)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        per_seed = (method_b_SP.mean(axis=1) / base_b_SP.mean(axis=1)) - (
+            method_a_SP.mean(axis=1) / base_a_SP.mean(axis=1)
+        )
+    gain_a = method_a_SP.mean() / base_a_SP.mean() - 1.0
+    gain_b = method_b_SP.mean() / base_b_SP.mean() - 1.0
+    return PairedGain(
+        gain=float(gain_b - gain_a),
+        low=float(low),
+        high=float(high),
+        per_seed=tuple(float(g) for g in per_seed),
+        standard_error=float(changes.std(ddof=1)),
+    )

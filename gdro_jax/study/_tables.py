@@ -207,9 +207,78 @@ def format_tables(summary: dict) -> str:
                 f"against the baseline at the same point, {summary['mark_resamples']:,} resamples"
             )
             lines += ["", MARKS_NOTE.format(level=level, base=base, resamples=resamples)]
+    if "steps" in summary.get("along", {}):
+        lines += _along_primary(summary, level)
     lines += ["", f"Secondary gains over `{base}` (paired bootstrap {level} % intervals):", ""]
     for arm, gains in summary["secondary"].items():
         for name, g in gains.items():
             lines.append(f"- {arm}, {name}: {_interval(g)}")
     lines += _machines(summary)
     return "\n".join(lines)
+
+
+def _along_primary(summary: dict, level: int) -> list[str]:
+    """The tables of a study that declares its primary along the run (`along_primary`): the
+    primary gain at every point with the change from the first point to the last and its
+    reading, the points of the study it continues (`along_reference`), the pooled pass@1 gain
+    at every point, and the groups with a non-zero gradient in each segment of the run."""
+    along, base = summary["along"], summary["baseline"]
+    name, steps = along["primary_name"], along["steps"]
+    points = zip(steps, along["sampled_rollouts"], strict=True)
+    heads = [f"step {s} ({r:,} rollouts)" for s, r in points]
+    others = [arm for arm in along["arms"] if arm != base]
+    lines = [
+        "",
+        f"The primary along the runs: relative {name} gain over `{base}` at each point, paired "
+        f"by seed and problem, paired bootstrap {level} % intervals; the change from step "
+        f"{steps[0]} to step {steps[-1]} with its paired interval, and its reading (grows / "
+        "closes: the change's interval lies above / below 0; else holds):",
+        "",
+        "| arm | " + " | ".join(heads) + f" | change, step {steps[0]} to {steps[-1]} | reading |",
+        "|---|" + "---|" * (len(steps) + 2),
+    ]
+    for arm in others:
+        curve = along["arms"][arm]
+        cells = [_interval(g) for g in curve["primary gain"]]
+        cells += [_interval(curve["primary change"]), curve["reading"]]
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    reference = summary.get("along_reference")
+    if reference is not None:
+        ref_heads = [
+            f"step {s} ({r:,} rollouts)"
+            for s, r in zip(reference["steps"], reference["sampled_rollouts"], strict=True)
+        ]
+        lines += [
+            "",
+            f"The same gain along the runs of the study this one continues ({reference['results']}"
+            "; other runs of the same arms, seeds and warm start):",
+            "",
+            "| arm | " + " | ".join(ref_heads) + " |",
+            "|---|" + "---|" * len(ref_heads),
+        ]
+        for arm in others:
+            if arm in reference["arms"]:
+                cells = [_interval(g) for g in reference["arms"][arm]["primary gain"]]
+                lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        f"Pooled pass@1 gain over `{base}` at each point (paired {level} % intervals):",
+        "",
+        "| arm | " + " | ".join(heads) + " |",
+        "|---|" + "---|" * len(steps),
+    ]
+    for arm in others:
+        cells = [_interval(g) for g in along["arms"][arm]["pooled pass@1 gain"]]
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    segments = [f"steps {a + 1}-{b}" for a, b in zip((0, *steps[:-1]), steps, strict=True)]
+    lines += [
+        "",
+        "Groups with a non-zero gradient, mean over each segment's steps and the seeds:",
+        "",
+        "| arm | " + " | ".join(segments) + " |",
+        "|---|" + "---|" * len(steps),
+    ]
+    for arm, curve in along["arms"].items():
+        cells = ["n/a" if v is None else f"{v:.3f}" for v in curve["nonzero_gradient_fraction"]]
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return lines
