@@ -1,8 +1,12 @@
 """One accelerator chip: the update step's MFU, the sampler's decode throughput against the HBM
-roofline, and the prefill-sharing speed-up, on a Qwen3-1.7B-shaped policy with random weights.
+roofline, and the prefill-sharing speed-up, on a Qwen3-1.7B-shaped policy with random weights;
+decode ms per step against the live length; the built-in engine's two batchings on uneven work,
+the packed update on DAPO-shaped lengths and cuDNN against XLA attention (Qwen3-0.6B and 1.7B
+shapes).
 
 Run on a machine with one GPU or TPU chip with at least 80 GB of memory and jax with CUDA or TPU
-support (estimated 3-5 minutes, compilation included; not yet run on a chip):
+support (the first three sections ran on an H200 in about 4 minutes, BENCHMARKS.md; with the
+others, estimated 6-8 minutes; `--sections=decode,live` runs some):
 
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 python -m benchmarks.accelerator --out=accelerator.json
 
@@ -51,6 +55,25 @@ each, next to some 62 GiB of state, gradients and the update's new state).
   sharing  `generate(..., share_prefill=True)` against `share_prefill=False` on the same 64 x 4
            slots with 512-token prompts and 32 new tokens, where prefill dominates: the ratio of
            median wall times (per-slot / shared).
+  live     decode's 256 slots with static batching and decode windows of 128 tokens, no stop id,
+           at caps M = 128, 256 and 512: between two caps, the difference of the median wall
+           times over the difference of the steps is the cost of one step in that range, at its
+           middle live length (the first range carries the prefill); and at M = 512 with one
+           window (every step reads the whole P + M cache) against the windows.
+  engines  Qwen3-0.6B shape, bfloat16, 32 prompts x 8 rollouts: static batching (all 256 slots
+           until the longest stops) against continuous batching (64 lanes), completion tokens/s,
+           on `benchmarks/rollout_engines.py`'s uneven (64-token prompts, up to 256 new) and long
+           tail (up to 1,024) workloads, where a set of stop ids that the near-uniform random
+           policy draws with a fixed chance a token makes the lengths geometric, and on one where
+           every request runs to its cap of 256.
+  packed   Qwen3-0.6B shape, bfloat16, remat: one optimizer step (`step.minibatch_step`) padded
+           against packed, passes of 16 slots or rows, on 128 slots of 256 + 2,048 positions with
+           DAPO-shaped lengths (`benchmarks/packed_update.py`), real tokens/s; the packed program
+           must compile once over three length draws.
+  attention  cuDNN's fused attention against XLA's (GPUs only) on the 1.7B shape in bfloat16:
+           the loss, logits and gradients of four left-padded rows of 1,024 tokens, and a packed
+           row of two segments finite; the wall time of a forward and backward pass of one
+           8,192-token sequence each.
 
 Every call is made once first (compilation; the table's compile seconds are that call's time minus
 the median), then `--repeats` times (the two prefill variants alternately), each waited for with
@@ -66,6 +89,7 @@ them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -78,11 +102,13 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
 from absl import app, flags, logging
 from flax import nnx
 
+from benchmarks import packed_update
 from experiments.configs import paper_qwen3
-from gdro_jax import configs, models, step
+from gdro_jax import configs, models, sampling, step
 from gdro_jax.sampling import generate
 
 _SHAPE = flags.DEFINE_enum(
@@ -95,6 +121,12 @@ _PEAK_TFLOPS = flags.DEFINE_float(
 )
 _PEAK_HBM_GBS = flags.DEFINE_float(
     "peak-hbm-gbs", None, "The chip's peak HBM bandwidth in GB/s (default: the table)."
+)
+_SECTIONS = flags.DEFINE_list(
+    "sections",
+    None,
+    "The measurements to run, in this order (default: all): decode, prefill_sharing, live, "
+    "engines, packed, attention, update.",
 )
 
 DATASET_PROMPTS = 14048  # the classifier tracks a DAPO-Math-sized pool (dapo_math_en)
@@ -127,12 +159,51 @@ class Work(NamedTuple):
     new_tokens: int  # M
 
 
+class Engines(NamedTuple):
+    """The built-in engine's two batchings on GRPO-shaped requests whose lengths vary."""
+
+    model: models.DecoderConfig  # bfloat16 parameters and compute
+    prompts: int
+    rollouts: int
+    lanes: int  # continuous batching's decode slots (static: all slots at once)
+    # name -> (prompt tokens, new tokens, per-token stop probability of a near-uniform policy)
+    workloads: dict[str, tuple[int, int, float]]
+
+
+class Packed(NamedTuple):
+    """The update packed against padded on DAPO-shaped lengths."""
+
+    model: models.DecoderConfig  # bfloat16 parameters and compute, remat
+    slots: int
+    prompt_len: int  # P: prompts uniform over [P / 10, P]
+    new_tokens: int  # M: completions exponential with median M / 4, capped at M
+    pass_rows: int  # rows (packed) or slots (padded) per forward-backward pass
+
+
+class Attention(NamedTuple):
+    """cuDNN's fused attention against XLA's on the shape's model (GPUs only)."""
+
+    agree_len: int  # T of the agreement check (left padding, then packed segments)
+    time_len: int  # T of the timed forward and backward pass (one sequence)
+
+
 class Shape(NamedTuple):
     model: models.DecoderConfig  # architecture; the dtypes come from the paper config
     update: Work
     minibatches: int  # optimizer mini-batches per update
     decode: Work
     sharing: Work
+    live_caps: tuple[int, ...]  # decode caps M of the live-length section, on decode's slots
+    engines: Engines
+    packed: Packed
+    attention: Attention
+
+
+# The engines benchmark's workloads (benchmarks/rollout_engines.py) and one where every request
+# runs to the cap.
+_UNEVEN = 1 - 0.05 ** (1 / 256)  # about 5 % of the completions reach 256 tokens
+_LONG_TAIL = 1 - 0.5 ** (1 / 128)  # median about 128 of 1,024
+_BF16 = dict(param_dtype="bfloat16", compute_dtype="bfloat16")
 
 
 SHAPES = {
@@ -142,6 +213,24 @@ SHAPES = {
         minibatches=4,
         decode=Work(prompts=64, rollouts=4, prompt_len=256, new_tokens=512),
         sharing=Work(prompts=64, rollouts=4, prompt_len=512, new_tokens=32),
+        live_caps=(128, 256, 512),
+        engines=Engines(
+            model=models.DecoderConfig.qwen3_0p6b(**_BF16),
+            prompts=32,
+            rollouts=8,
+            lanes=64,
+            workloads=dict(
+                uneven=(64, 256, _UNEVEN), long_tail=(64, 1024, _LONG_TAIL), at_cap=(64, 256, 0.0)
+            ),
+        ),
+        packed=Packed(
+            model=models.DecoderConfig.qwen3_0p6b(remat=True, **_BF16),
+            slots=128,
+            prompt_len=256,
+            new_tokens=2048,
+            pass_rows=16,
+        ),
+        attention=Attention(agree_len=1024, time_len=8192),
     ),
     "tiny": Shape(
         model=models.DecoderConfig.tiny(remat=True),
@@ -149,8 +238,29 @@ SHAPES = {
         minibatches=2,
         decode=Work(prompts=8, rollouts=4, prompt_len=16, new_tokens=32),
         sharing=Work(prompts=8, rollouts=4, prompt_len=64, new_tokens=4),
+        live_caps=(8, 16, 32),
+        engines=Engines(
+            model=models.DecoderConfig.tiny(**_BF16),
+            prompts=4,
+            rollouts=4,
+            lanes=8,
+            workloads=dict(
+                uneven=(8, 32, 1 - 0.05 ** (1 / 32)),
+                long_tail=(8, 64, 1 - 0.5 ** (1 / 16)),
+                at_cap=(8, 32, 0.0),
+            ),
+        ),
+        packed=Packed(
+            model=models.DecoderConfig.tiny(remat=True, **_BF16),
+            slots=16,
+            prompt_len=16,
+            new_tokens=64,
+            pass_rows=4,
+        ),
+        attention=Attention(agree_len=32, time_len=64),
     ),
 }
+SECTIONS = ("decode", "prefill_sharing", "live", "engines", "packed", "attention", "update")
 
 
 def chip_peaks(device_kind: str) -> tuple[float | None, float | None]:
@@ -381,6 +491,249 @@ def bench_prefill_sharing(model: models.Decoder, work: Work, *, repeats: int) ->
     )
 
 
+def bench_live(model: models.Decoder, work: Work, caps: tuple[int, ...], *, repeats: int) -> dict:
+    """Decode ms per step against the live length: static batching with decode windows of
+    `caps[0]` tokens (`sampling.window_ends`), no stop id, at each cap of `caps`. Between two
+    caps the wall times' difference over the steps' difference is the cost of a step in that
+    range (the prefill and the program's fixed cost cancel), at the range's middle live length.
+    The largest cap also runs with one window (every step reads the whole P + M cache), the
+    sampler before windows."""
+    tokens_NP, lengths_N, slot_map_R = _prompts(work, model.config.vocab_size, seed=4)
+    key = jax.random.key(0)
+
+    def call(cap: int, window: int = 0):
+        return lambda: generate(
+            model,
+            tokens_NP,
+            prompt_lengths=lengths_N,
+            prompt_of_slot=slot_map_R,
+            key=key,
+            max_new_tokens=cap,
+            batching="static",
+            decode_window=window,
+        )
+
+    calls = {f"cap_{cap}": call(cap, window=caps[0]) for cap in caps}
+    calls["one_window"] = call(caps[-1], window=caps[-1])
+    timing = _timed(calls, repeats)
+    ranges = []
+    for low, high in zip((0, *caps), caps, strict=False):
+        seconds = timing[f"cap_{high}"]["median_s"] - (
+            timing[f"cap_{low}"]["median_s"] if low else 0
+        )
+        ranges.append(
+            dict(
+                steps=(low, high),
+                live_len=work.prompt_len + (low + high) / 2,
+                ms_per_step=1e3 * seconds / (high - low),  # the first range includes the prefill
+            )
+        )
+    full, windowed = timing["one_window"]["median_s"], timing[f"cap_{caps[-1]}"]["median_s"]
+    return dict(
+        slots=int(slot_map_R.shape[0]),
+        prompt_len=work.prompt_len,
+        caps=list(caps),
+        windows=list(sampling.window_ends(caps[-1], caps[0])),
+        timing=timing,
+        ranges=ranges,
+        one_window_over_windows=full / windowed,
+    )
+
+
+def _stop_ids(probability: float, vocab_size: int) -> tuple[int, ...]:
+    """Stop ids that a near-uniform random policy draws with about `probability` per token."""
+    return tuple(range(1, 1 + round(probability * vocab_size)))
+
+
+def bench_engines(engines: Engines, *, repeats: int) -> dict:
+    """Completion tokens/s of static batching (all slots until the longest stops) against
+    continuous batching (`lanes` decode slots taking the requests from a queue) per workload."""
+    model = models.init_decoder(engines.model, seed=0)
+    vocab = engines.model.vocab_size
+    results = {}
+    for name, (prompt_len, new_tokens, stop) in engines.workloads.items():
+        work = Work(engines.prompts, engines.rollouts, prompt_len, new_tokens)
+        tokens_NP, lengths_N, slot_map_R = _prompts(work, vocab, seed=5)
+        key, last = jax.random.key(0), {}
+
+        def call(batching: str, lanes: int | None, new_tokens=new_tokens, stop=stop, **prompts):
+            def run():
+                result = generate(
+                    model,
+                    **prompts,
+                    key=key,
+                    max_new_tokens=new_tokens,
+                    temperature=1.0,
+                    eos_ids=_stop_ids(stop, vocab),
+                    batching=batching,
+                    micro_batch_slots=lanes,
+                )
+                last[batching] = result.lengths
+                return result
+
+            return run
+
+        prompts = dict(prompt_tokens=tokens_NP, prompt_lengths=lengths_N, prompt_of_slot=slot_map_R)
+        timing = _timed(
+            dict(
+                static=call("static", None, **prompts),
+                continuous=call("continuous", engines.lanes, **prompts),
+            ),
+            repeats,
+        )
+        row = dict(prompt_len=prompt_len, new_tokens=new_tokens, stop_probability=stop)
+        for form, seconds in timing.items():
+            lengths = np.asarray(last[form])
+            row[form] = dict(
+                seconds,
+                tokens=int(lengths.sum()),
+                median_length=float(np.median(lengths)),
+                at_cap_fraction=float(np.mean(lengths == new_tokens)),
+                tokens_per_s=float(lengths.sum()) / seconds["median_s"],
+            )
+        row["continuous_over_static"] = (
+            row["continuous"]["tokens_per_s"] / row["static"]["tokens_per_s"]
+        )
+        results[name] = row
+    return dict(
+        slots=engines.prompts * engines.rollouts,
+        prompts=engines.prompts,
+        lanes=engines.lanes,
+        workloads=results,
+    )
+
+
+def bench_packed(packed: Packed, *, repeats: int) -> dict:
+    """Real tokens/s of one optimizer step (`step.minibatch_step`) packed against padded, on one
+    batch of DAPO-shaped lengths (`benchmarks.packed_update.dapo_lengths`); the packed program
+    is checked to compile once over two other length draws."""
+    model = models.init_decoder(packed.model, seed=0)
+    graphdef, params = nnx.split(model, nnx.Param)
+    tx = optax.adamw(1e-6)
+    opt_state = tx.init(params)
+    rng = np.random.default_rng(6)
+    P, M, V = packed.prompt_len, packed.new_tokens, packed.model.vocab_size
+    prompt_lengths, lengths = packed_update.dapo_lengths(rng, packed.slots, P, M)
+    batch = jax.device_put(packed_update.dapo_batch(rng, prompt_lengths, lengths, P, M, V))
+    advantages = jnp.asarray(rng.normal(size=packed.slots), jnp.float32)
+    slot_index = jnp.arange(packed.slots)
+    real = int(np.sum(prompt_lengths + lengths))
+    updates, compiles = {}, {}
+    for form in ("padded", "packed"):
+        grpo = step.GRPOConfig(
+            num_minibatches=1, micro_batch_slots=packed.pass_rows, pack_sequences=form == "packed"
+        )
+        update = jax.jit(
+            functools.partial(
+                step.minibatch_step, graphdef, tx, grpo, weighted_adv_R=advantages, ref_params=None
+            )
+        )
+        updates[form] = update
+
+    def call(form: str, rollouts=batch):
+        mask = jnp.arange(M)[None] < rollouts.lengths[:, None]
+        return updates[form]((params, opt_state), slot_index, rollouts=rollouts, mask_RM=mask)
+
+    timing = _timed(dict(padded=lambda: call("padded"), packed=lambda: call("packed")), repeats)
+    for seed in (7, 8):  # other lengths, the same packed program
+        other = np.random.default_rng(seed)
+        draw = packed_update.dapo_lengths(other, packed.slots, P, M)
+        jax.block_until_ready(call("packed", packed_update.dapo_batch(other, *draw, P, M, V)))
+    compiles = updates["packed"]._cache_size()
+    rows = sampling.pack_completions(
+        batch.prompt_tokens, batch.prompt_lengths, batch.tokens, batch.lengths
+    ).num_rows_used
+    result = dict(
+        slots=packed.slots,
+        prompt_len=P,
+        new_tokens=M,
+        pass_rows=packed.pass_rows,
+        real_tokens=real,
+        padded_tokens=packed.slots * (P + M),
+        packed_rows=int(rows),
+        packed_compiles=int(compiles),
+    )
+    for form, seconds in timing.items():
+        result[form] = dict(seconds, real_tokens_per_s=real / seconds["median_s"])
+    result["speedup"] = timing["padded"]["median_s"] / timing["packed"]["median_s"]
+    return result
+
+
+def _attention_inputs(c: models.DecoderConfig, batch: int, seq_len: int, seed: int):
+    """Random tokens, left-padded rows (row b has b x T / (2B) pads) and their positions."""
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(1, c.vocab_size, (batch, seq_len), dtype=np.int32)
+    pads = np.arange(batch) * seq_len // (2 * batch)
+    mask = np.arange(seq_len)[None] >= pads[:, None]
+    positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0).astype(np.int32)
+    return jnp.asarray(np.where(mask, tokens, 0)), jnp.asarray(positions), jnp.asarray(mask)
+
+
+def bench_attention(config: models.DecoderConfig, attention: Attention, *, repeats: int) -> dict:
+    """cuDNN's fused attention against XLA's on the same weights: the loss (mean next-token
+    log-likelihood of left-padded rows), the logits and the gradients, then a packed row's
+    hidden states (two segments) finite; and the wall time of a forward and backward pass of one
+    `time_len`-token sequence with each."""
+    platform = jax.devices()[0].platform
+    if platform != "gpu":
+        return dict(skipped=f"cuDNN attention needs a GPU (platform {platform})")
+    c = config.replace(param_dtype="bfloat16", compute_dtype="bfloat16")
+    pair = {
+        name: models.init_decoder(c.replace(attention=name), seed=0) for name in ("xla", "cudnn")
+    }
+    tokens, positions, mask = _attention_inputs(c, 4, attention.agree_len, seed=9)
+
+    def loss(model, tokens, positions, mask):
+        logits = model(tokens, positions, mask)
+        logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
+        picked = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
+        real = mask[:, 1:] & mask[:, :-1]
+        return -jnp.sum(picked * real) / jnp.sum(real), logits
+
+    grad = nnx.jit(nnx.value_and_grad(loss, has_aux=True))
+    out = {name: grad(model, tokens, positions, mask) for name, model in pair.items()}
+    (loss_x, logits_x), grads_x = out["xla"]
+    (loss_c, logits_c), grads_c = out["cudnn"]
+    real = np.asarray(mask)
+    logits_x, logits_c = np.asarray(logits_x)[real], np.asarray(logits_c)[real]
+    grad_rel = max(
+        float(jnp.linalg.norm((a - b).astype(jnp.float32)) / jnp.linalg.norm(a.astype(jnp.float32)))
+        for a, b in zip(jax.tree.leaves(grads_x), jax.tree.leaves(grads_c), strict=True)
+    )
+    half = attention.agree_len // 2  # one packed row of two segments
+    segments = jnp.asarray(np.repeat([[1, 2]], half, axis=1).reshape(1, -1))
+    row_positions = jnp.asarray(np.tile(np.arange(half), 2)[None], jnp.int32)
+    packed_finite = bool(
+        jnp.all(
+            jnp.isfinite(
+                nnx.jit(
+                    lambda m: m.hidden_states(tokens[:1], row_positions, segment_ids_BT=segments)
+                )(pair["cudnn"])
+            )
+        )
+    )
+    long_tokens, long_positions, _ = _attention_inputs(c, 1, attention.time_len, seed=10)
+    step_fn = nnx.jit(
+        nnx.value_and_grad(
+            lambda m: jnp.mean(
+                m.hidden_states(long_tokens, long_positions).astype(jnp.float32) ** 2
+            )
+        )
+    )
+    timing = _timed({name: (lambda m=model: step_fn(m)) for name, model in pair.items()}, repeats)
+    return dict(
+        agree_len=attention.agree_len,
+        time_len=attention.time_len,
+        loss_relative=abs(float(loss_c) - float(loss_x)) / abs(float(loss_x)),
+        logits_of_max=float(np.max(np.abs(logits_c - logits_x)) / np.max(np.abs(logits_x))),
+        gradients_relative=grad_rel,
+        finite=bool(np.all(np.isfinite(logits_c))) and packed_finite,
+        xla=timing["xla"],
+        cudnn=timing["cudnn"],
+        speedup=timing["xla"]["median_s"] / timing["cudnn"]["median_s"],
+    )
+
+
 def _section(name: str, bench: Callable[[], dict]) -> dict:
     """Runs one measurement; out of device memory, it is reported as skipped."""
     print(f"{name}: compiling, then {_REPEATS.value} timed calls", file=sys.stderr, flush=True)
@@ -462,6 +815,73 @@ def print_table(report: dict) -> None:
         )
 
 
+def _print_live(live: dict) -> None:
+    print(
+        f"\ndecode ms per step against the live length ({live['slots']} slots, P = "
+        f"{live['prompt_len']}, static batching, windows ending at {live['windows']} new tokens):"
+    )
+    print("| steps | live length | ms per step |")
+    print("|---|---:|---:|")
+    for entry in live["ranges"]:
+        low, high = entry["steps"]
+        note = " (with the prefill)" if low == 0 else ""
+        print(f"| {low}-{high}{note} | {entry['live_len']:.0f} | {entry['ms_per_step']:.2f} |")
+    print(
+        f"one window (the whole P + {live['caps'][-1]} cache every step) over windows: "
+        f"{live['one_window_over_windows']:.2f}x the wall time"
+    )
+
+
+def _print_engines(engines: dict) -> None:
+    print(
+        f"\nbuilt-in engine, {engines['slots']} requests of {engines['prompts']} prompts: static "
+        f"(all at once) against continuous ({engines['lanes']} lanes):"
+    )
+    print("| workload | median length / cap | static tok/s | continuous tok/s | ratio |")
+    print("|---|---:|---:|---:|---:|")
+    for name, row in engines["workloads"].items():
+        static, continuous = row["static"], row["continuous"]
+        print(
+            f"| {name} | {static['median_length']:.0f} / {row['new_tokens']} | "
+            f"{static['tokens_per_s']:,.0f} | {continuous['tokens_per_s']:,.0f} | "
+            f"{row['continuous_over_static']:.2f}x |"
+        )
+
+
+def _print_packed(packed: dict) -> None:
+    print(
+        f"\nupdate on DAPO-shaped lengths ({packed['slots']} slots, P = {packed['prompt_len']}, "
+        f"M = {packed['new_tokens']}; {packed['real_tokens']:,} real of "
+        f"{packed['padded_tokens']:,} padded tokens, {packed['packed_rows']} packed rows, "
+        f"{packed['packed_compiles']} compile(s) over 3 length draws): padded "
+        f"{packed['padded']['real_tokens_per_s']:,.0f}, packed "
+        f"{packed['packed']['real_tokens_per_s']:,.0f} real tokens/s, {packed['speedup']:.2f}x"
+    )
+
+
+def _print_attention(attention: dict) -> None:
+    print(
+        f"\ncuDNN against XLA attention: loss {attention['loss_relative']:.1e} relative, logits "
+        f"{100 * attention['logits_of_max']:.2f} % of their maximum, gradients "
+        f"{100 * attention['gradients_relative']:.2f} % (relative norm, worst leaf), finite: "
+        f"{attention['finite']} (T = {attention['agree_len']}); forward + backward at T = "
+        f"{attention['time_len']}: {attention['xla']['median_s']:.3f} s against "
+        f"{attention['cudnn']['median_s']:.3f} s, {attention['speedup']:.2f}x"
+    )
+
+
+def print_sections(report: dict) -> None:
+    """The sections beyond the main table, each where it ran (else its reason)."""
+    printers = dict(
+        live=_print_live, engines=_print_engines, packed=_print_packed, attention=_print_attention
+    )
+    for name, printer in printers.items():
+        if "skipped" in report[name]:
+            print(f"\n{name}: skipped ({report[name]['skipped']})")
+        else:
+            printer(report[name])
+
+
 def main(argv: list[str]) -> None:
     del argv
     if not flags.FLAGS["verbosity"].present:
@@ -474,6 +894,10 @@ def main(argv: list[str]) -> None:
         )
     if _REPEATS.value < 1:
         _fail(f"--repeats must be >= 1, got repeats={_REPEATS.value}")
+    sections = SECTIONS if _SECTIONS.value is None else tuple(_SECTIONS.value)
+    unknown = [name for name in sections if name not in SECTIONS]
+    if unknown or not sections:
+        _fail(f"--sections must name some of {', '.join(SECTIONS)}, got sections={_SECTIONS.value}")
     out = _OUT.value
     if out and (os.path.isdir(out) or not os.path.isdir(os.path.dirname(out) or ".")):
         _fail(f"--out must name a file in an existing folder, got out={out}")
@@ -502,19 +926,17 @@ def main(argv: list[str]) -> None:
         peak_hbm_bytes_per_s=peak_hbm,
         peaks_from=peaks_from,
     )
-    report["decode"] = _section(
-        "decode",
-        lambda: bench_decode(
+    runs = {
+        "decode": lambda: bench_decode(
             model, shape.decode, param_count=param_count, repeats=repeats, peak_hbm=peak_hbm
         ),
-    )
-    report["prefill_sharing"] = _section(
-        "prefill sharing", lambda: bench_prefill_sharing(model, shape.sharing, repeats=repeats)
-    )
-    # Last: the update donates the parameters it shares with `model`.
-    report["update"] = _section(
-        "update",
-        lambda: bench_update(
+        "prefill_sharing": lambda: bench_prefill_sharing(model, shape.sharing, repeats=repeats),
+        "live": lambda: bench_live(model, shape.decode, shape.live_caps, repeats=repeats),
+        "engines": lambda: bench_engines(shape.engines, repeats=repeats),
+        "packed": lambda: bench_packed(shape.packed, repeats=repeats),
+        "attention": lambda: bench_attention(model.config, shape.attention, repeats=repeats),
+        # Last: the update donates the parameters it shares with `model`.
+        "update": lambda: bench_update(
             config,
             model,
             shape,
@@ -522,8 +944,11 @@ def main(argv: list[str]) -> None:
             repeats=repeats,
             peak_flops=peak_flops,
         ),
-    )
+    }
+    for name in SECTIONS:
+        report[name] = _section(name, runs[name]) if name in sections else dict(skipped="not asked")
     print_table(report)
+    print_sections(report)
     if out:
         with open(out, "w") as file:
             json.dump(report, file, indent=2)

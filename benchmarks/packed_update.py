@@ -54,7 +54,9 @@ def dapo_lengths(rng, num_slots: int, width: int, max_new: int):
     return prompt, np.maximum(completion, 1)
 
 
-def _batch(rng, prompt_lengths, lengths, width, max_new, vocab) -> Rollouts:
+def dapo_batch(rng, prompt_lengths, lengths, width, max_new, vocab) -> Rollouts:
+    """Rollouts of these lengths: random left-padded prompts and completions, old log-probs
+    about -6 (a random policy's), zero rewards."""
     num_slots = len(lengths)
     prompts = rng.integers(1, vocab, (num_slots, width))
     prompts[np.arange(width)[None] < (width - prompt_lengths)[:, None]] = 0
@@ -92,7 +94,7 @@ def dapo(repeats: int) -> None:
     opt_state = tx.init(params)
     rng = np.random.default_rng(0)
     prompt_lengths, lengths = dapo_lengths(rng, SLOTS, WIDTH, MAX_NEW)
-    batch = _batch(rng, prompt_lengths, lengths, WIDTH, MAX_NEW, VOCAB)
+    batch = dapo_batch(rng, prompt_lengths, lengths, WIDTH, MAX_NEW, VOCAB)
     mask = jnp.arange(MAX_NEW)[None] < batch.lengths[:, None]
     adv = jnp.asarray(rng.normal(size=SLOTS), jnp.float32)
     idx = jnp.arange(SLOTS)
@@ -135,7 +137,7 @@ def dapo(repeats: int) -> None:
                 other = np.random.default_rng(seed)
                 jax.block_until_ready(
                     call(
-                        _batch(
+                        dapo_batch(
                             other,
                             *dapo_lengths(other, SLOTS, WIDTH, MAX_NEW),
                             WIDTH,

@@ -26,6 +26,12 @@ SECTIONS = {
     "prefill_sharing": (
         "slots", "prompts", "prompt_len", "new_tokens", "shared", "per_slot", "speedup",
     ),
+    "live": ("slots", "prompt_len", "caps", "windows", "timing", "ranges",
+             "one_window_over_windows"),
+    "engines": ("slots", "prompts", "lanes", "workloads"),
+    "packed": ("slots", "prompt_len", "new_tokens", "pass_rows", "real_tokens", "padded_tokens",
+               "packed_rows", "packed_compiles", "padded", "packed", "speedup"),
+    "attention": ("skipped",),  # cuDNN's path needs a GPU
 }  # fmt: skip
 TOP_LEVEL = (
     "shape", "device_kind", "platform", "jax_version", "repeats", "model", "param_count",
@@ -141,6 +147,82 @@ def test_prefill_sharing_speedup_is_the_ratio_of_medians(run):
     ratio = sharing["per_slot"]["median_s"] / sharing["shared"]["median_s"]
     assert sharing["speedup"] == pytest.approx(ratio, rel=1e-9)
     assert sharing["slots"] == sharing["prompts"] * 4
+
+
+@pytest.mark.slow
+def test_live_lengths_cost_per_step_is_the_slope_between_caps(run):
+    report, printed = run
+    live = report["live"]
+    caps, timing = live["caps"], live["timing"]
+    # Windows of the first cap's size: the static loop's cache grows by that much each time.
+    assert live["windows"] == list(range(caps[0], caps[-1] + 1, caps[0]))
+    medians = {cap: timing[f"cap_{cap}"]["median_s"] for cap in caps}
+    previous = (0, 0.0)
+    for entry, cap in zip(live["ranges"], caps, strict=True):
+        low, seconds = previous
+        assert entry["steps"] == [low, cap]
+        assert entry["live_len"] == live["prompt_len"] + (low + cap) / 2
+        assert entry["ms_per_step"] == pytest.approx(1e3 * (medians[cap] - seconds) / (cap - low))
+        previous = (cap, medians[cap])
+    ratio = timing["one_window"]["median_s"] / medians[caps[-1]]
+    assert live["one_window_over_windows"] == pytest.approx(ratio, rel=1e-9)
+    assert "ms per step" in printed and "one window" in printed
+
+
+@pytest.mark.slow
+def test_engines_rows_count_each_batchings_own_tokens(run):
+    report, printed = run
+    engines = report["engines"]
+    assert engines["slots"] == 16 and engines["lanes"] == 8
+    assert set(engines["workloads"]) == {"uneven", "long_tail", "at_cap"}
+    for name, row in engines["workloads"].items():
+        for form in ("static", "continuous"):
+            entry = row[form]
+            assert 0 < entry["tokens"] <= engines["slots"] * row["new_tokens"], (name, form)
+            rate = entry["tokens"] / entry["median_s"]
+            assert entry["tokens_per_s"] == pytest.approx(rate, rel=1e-9)
+        ratio = row["continuous"]["tokens_per_s"] / row["static"]["tokens_per_s"]
+        assert row["continuous_over_static"] == pytest.approx(ratio, rel=1e-9)
+        assert f"| {name} |" in printed
+    # No stop id: every request of both batchings runs to the cap.
+    at_cap = engines["workloads"]["at_cap"]
+    for form in ("static", "continuous"):
+        assert at_cap[form]["at_cap_fraction"] == 1.0
+        assert at_cap[form]["tokens"] == engines["slots"] * at_cap["new_tokens"]
+    # Stop ids drawn with a few percent a token: most requests stop before the cap.
+    assert engines["workloads"]["uneven"]["static"]["at_cap_fraction"] < 0.5
+
+
+@pytest.mark.slow
+def test_packed_update_compiles_once_and_counts_real_tokens(run):
+    report, _ = run
+    packed = report["packed"]
+    P, M = packed["prompt_len"], packed["new_tokens"]
+    assert packed["padded_tokens"] == packed["slots"] * (P + M)
+    # Real tokens are at most the padded ones and fit in the rows the packing used.
+    assert 0 < packed["real_tokens"] <= packed["packed_rows"] * (P + M) < packed["padded_tokens"]
+    assert packed["packed_compiles"] == 1  # the same program over three length draws
+    for form in ("padded", "packed"):
+        rate = packed["real_tokens"] / packed[form]["median_s"]
+        assert packed[form]["real_tokens_per_s"] == pytest.approx(rate, rel=1e-9)
+    ratio = packed["padded"]["median_s"] / packed["packed"]["median_s"]
+    assert packed["speedup"] == pytest.approx(ratio, rel=1e-9)
+
+
+@pytest.mark.slow
+def test_attention_section_says_why_it_is_skipped_on_cpu(run):
+    report, printed = run
+    assert report["attention"] == dict(skipped="cuDNN attention needs a GPU (platform cpu)")
+    assert "attention: skipped (cuDNN attention needs a GPU" in printed
+
+
+def test_an_unknown_section_is_refused_in_one_line(tmp_path):
+    completed = _run("--shape=tiny", "--sections=decode,warp")
+    assert completed.returncode == 2, completed.stderr[-2000:]
+    lines = [line for line in completed.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in completed.stderr, completed.stderr[-2000:]
+    assert lines[0].startswith("error: --sections must name some of decode")
+    assert "sections=['decode', 'warp']" in lines[0]
 
 
 def test_without_shape_tiny_it_refuses_cpu_in_one_line(tmp_path):
