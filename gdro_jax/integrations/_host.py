@@ -35,11 +35,11 @@ from typing import Any
 
 import jax
 import numpy as np
-from flax import serialization
 from jax.typing import ArrayLike
 
 from gdro_jax import controllers
 from gdro_jax.controllers import GDROState, MultiAdversary, Plan
+from gdro_jax.integrations import _msgpack
 
 FORMAT = "gdro_jax.host/2"  # what `to_bytes` writes first; `load_bytes` refuses anything else
 # Bytes written before the settings were saved: they still load, their shapes checked, with a
@@ -463,9 +463,9 @@ class HostControllers:
             "seed": self._seed,
             "step": self._step,
             "settings": self._settings,
-            "state": serialization.to_state_dict(jax.device_get(self._state)),
+            "state": _msgpack.state_dict(jax.device_get(self._state)),
         }
-        return serialization.msgpack_serialize(payload)
+        return _msgpack.dumps(payload)
 
     def load_bytes(self, data: bytes) -> None:
         """Replaces the state, step and seed with those `to_bytes` wrote (for this adversary).
@@ -481,7 +481,7 @@ class HostControllers:
             (another dataset size, number of bins or parts). The state is then left as it was.
         """
         try:
-            payload = serialization.msgpack_restore(bytes(data))
+            payload = _msgpack.loads(bytes(data))
         except Exception as error:  # msgpack's own errors name no field
             raise ValueError(f"not a gdro_jax controllers state: {error}") from None
         found = payload.get("format") if isinstance(payload, Mapping) else type(payload)
@@ -497,8 +497,8 @@ class HostControllers:
                 stacklevel=2,
             )
         abstract = jax.eval_shape(self._adversary.init)  # shapes and dtypes, no arrays
-        _check_like(serialization.to_state_dict(abstract), payload["state"], "state")
-        state = serialization.from_state_dict(abstract, payload["state"])
+        _check_like(_msgpack.state_dict(abstract), payload["state"], "state")
+        state = _msgpack.from_state_dict(abstract, payload["state"])
         self._state = jax.device_put(state)
         self._step = int(payload["step"])
         if int(payload["seed"]) != self._seed:

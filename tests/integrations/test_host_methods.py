@@ -177,3 +177,34 @@ def test_bytes_without_settings_load_with_a_warning_and_their_shapes_checked():
     ):
         other.load_bytes(data)
     assert other.to_bytes() == before
+
+
+@pytest.mark.parametrize("name", ["gdro_both", "mopps", "vip"])
+def test_the_bytes_are_flaxs_msgpack_encoding_written_without_flax(name):
+    """The host API writes its bytes without flax (the light install has none), in the encoding
+    flax's `msgpack_serialize` writes: byte for byte the same for the same payload, read back
+    by flax to the same arrays, and flax's bytes (how earlier versions wrote them) load. A
+    planted change to the array encoding (another dtype name, or Fortran order) fails here."""
+    host = HostControllers.for_method(name, num_prompts=D, trainer_can=PER_PROMPT, seed=3)
+    ids = host.select_prompts(np.arange(4, dtype=np.int32))
+    counts = host.allocate(ids)
+    rollout_ids = np.repeat(ids, counts)
+    rewards = np.where(np.arange(rollout_ids.size) % 3 == 0, 1.0, 0.0).astype(np.float32)
+    host.observe(rollout_ids, rewards)
+    ours = host.to_bytes()
+    payload = {
+        "format": FORMAT,
+        "seed": 3,
+        "step": 1,
+        "settings": host.settings,
+        "state": serialization.to_state_dict(jax.device_get(host.state)),
+    }
+    assert ours == serialization.msgpack_serialize(payload)
+    restored = serialization.msgpack_restore(ours)
+    leaves = jax.tree.leaves(payload["state"])
+    assert len(jax.tree.leaves(restored["state"])) == len(leaves) > 0
+    for got, want in zip(jax.tree.leaves(restored["state"]), leaves, strict=True):
+        assert got.dtype == want.dtype and np.array_equal(got, want)
+    again = HostControllers.for_method(name, num_prompts=D, trainer_can=PER_PROMPT, seed=3)
+    again.load_bytes(serialization.msgpack_serialize(payload))
+    assert again.to_bytes() == ours
