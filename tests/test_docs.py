@@ -151,6 +151,29 @@ BASH_BLOCKS = [b for b in BLOCKS if b.language == "bash" and b.minutes is None]
 LONG_BASH_BLOCKS = [b for b in BLOCKS if b.language == "bash" and b.minutes is not None]
 
 
+def run_extra_block(page: str, extra: str, folder: Path) -> subprocess.CompletedProcess:
+    """Runs `page`'s one python block marked `# needs: the <extra> extra` (skipped here, where
+    that extra is not installed; its own tier calls this) as the blocks here run: a fresh
+    interpreter in an empty `folder`, tracebacks naming the page's lines."""
+    marker = f"needs: the {extra} extra"
+    blocks = [
+        b
+        for b in page_blocks((ROOT / page).read_text(encoding="utf-8"), page)
+        if b.language == "python" and (b.skip or "").startswith(marker)
+    ]
+    assert len(blocks) == 1, f"{page} has one python example marked `# {marker}`"
+    script = folder / "example.py"
+    script.write_text("\n" * (blocks[0].line - 1) + blocks[0].code)
+    return subprocess.run(
+        [sys.executable, str(script)],
+        cwd=folder,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
 def _id(block: Block) -> str:
     return f"{Path(block.page).stem}:line{block.line}"
 

@@ -26,9 +26,7 @@ Underneath is `HostControllers`: the learner makes exactly the calls a PyTorch t
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
-import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -36,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gdro_jax.controllers import MultiAdversary
+from gdro_jax.integrations._extras import warn_if_untested
 from gdro_jax.integrations._host import HostControllers
 
 TUNIX_VERSION = "0.1.7"  # the google-tunix this adapter is tested against (the extra's pin)
@@ -49,13 +48,7 @@ except ImportError as error:  # the extra is missing
         f"(google-tunix=={TUNIX_VERSION}); importing it failed with: {error}"
     ) from error
 
-_found = importlib.metadata.version("google-tunix")
-if _found != TUNIX_VERSION:
-    warnings.warn(
-        f"gdro_jax.integrations.tunix is tested with google-tunix {TUNIX_VERSION}; "
-        f"{_found} is installed, whose learner may differ",
-        stacklevel=2,
-    )
+warn_if_untested("gdro_jax.integrations.tunix", "google-tunix", TUNIX_VERSION, "learner")
 
 PROMPT_ID = "prompt_id"  # the batch field that carries each prompt's id (0..D-1)
 STATE_FOLDER = "gdro_controllers"  # beside Tunix's `actor/` under checkpoint_root_directory

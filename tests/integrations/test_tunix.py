@@ -391,28 +391,8 @@ def test_a_source_for_data_driven_controllers_is_refused():
 def test_the_tunix_example_of_the_docs_runs(tmp_path):
     """docs/integrations.md's Tunix block (skipped by tests/test_docs.py, whose environment has no
     Tunix), run as that test runs the others: a fresh interpreter in an empty folder."""
-    import subprocess
-    import sys
+    from tests.test_docs import run_extra_block
 
-    from tests.test_docs import ROOT, _env, page_blocks
-
-    page = "docs/integrations.md"
-    blocks = [
-        b
-        for b in page_blocks((ROOT / page).read_text(encoding="utf-8"), page)
-        if b.language == "python" and (b.skip or "").startswith("needs: the tunix extra")
-    ]
-    assert len(blocks) == 1, "the page's Tunix example is marked `# needs: the tunix extra`"
-    code = "\n" * (blocks[0].line - 1) + blocks[0].code  # tracebacks name the page's lines
-    script = tmp_path / "integrations.py"
-    script.write_text(code)
-    process = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    process = run_extra_block("docs/integrations.md", "tunix", tmp_path)
     assert process.returncode == 0, process.stderr[-3000:]
     assert "p_hat" in process.stdout
