@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from gdro_jax.controllers import MultiAdversary
+from gdro_jax.integrations._extras import check_expressible as check_expressible_by
 from gdro_jax.integrations._extras import warn_if_untested
 from gdro_jax.integrations._host import HostControllers
 
@@ -78,32 +79,9 @@ def check_expressible(adversary: MultiAdversary, num_generations: int) -> None:
     rollout allocation (Rollout-GDRO, Knapsack-RL) and a group filter (DAPO's dynamic sampling)
     have nowhere to act. The controllers' `n_mean` must be TRL's `num_generations`.
     """
-    refused = []
-    if adversary.rollout_allocator is not None:
-        name = type(adversary.rollout_allocator).__name__
-        refused.append(
-            f"a rollout allocation ({name}: Rollout-GDRO or Knapsack-RL) decides each prompt's "
-            "number of completions, and TRL's GRPOConfig.num_generations is one number for "
-            "every prompt"
-        )
-    if adversary.group_filter is not None:
-        refused.append(
-            "a group filter (DAPO's dynamic sampling) generates in rounds until enough groups "
-            "with a signal wait, and TRL's GRPOTrainer generates once per batch"
-        )
-    if refused:
-        raise ValueError(
-            "TRL's GRPOTrainer cannot express this method: "
-            + "; and ".join(refused)
-            + ". Use the classifier with Prompt-GDRO (reweight or resample) or MoPPS here; run "
-            "the others in gdro_jax's own trainer (python -m experiments.train)."
-        )
-    if adversary.n_mean != num_generations:
-        raise ValueError(
-            f"the controllers were composed with n_mean={adversary.n_mean} completions per "
-            f"prompt; TRL draws num_generations={num_generations}: compose them with "
-            f"multi_adversary(..., n_mean={num_generations})"
-        )
+    check_expressible_by(
+        adversary, num_generations, owner="TRL", trainer="GRPOTrainer", samples="completions"
+    )
 
 
 class PlaceSampler(torch.utils.data.Sampler[int]):
