@@ -44,10 +44,10 @@ def paper_config(size: str) -> ml_collections.ConfigDict:
     # 4.5 GiB for the 256 prompts' shared prefill. Per-slot keys make the completions the same
     # for any value (up to the matmuls' rounding at another batch size): resumable.
     config.rollout.micro_batch_slots = 128
-    # Static chunks, not the library's continuous default: at this scale the continuous loop's
-    # compiled buffers are larger (Qwen3-8B on fsdp=8: the plan's "rollout, other buffers" 75 GiB
-    # against 39.9 with 128 slots), so it would not fit 80 GiB. --config.rollout.batching=continuous
-    # with --config.rollout.micro_batch_slots=64 fits (experiments.plan).
+    # Static chunks, not the library's continuous default: their decode windows read only the live
+    # part of the cache, while the continuous loop reads every lane's whole P + M ring each step.
+    # Both fit (Qwen3-8B on fsdp=8 with 128 slots: "rollout, other buffers" 44.7 GiB static, 48.0
+    # continuous, experiments.plan); --config.rollout.batching=continuous takes the other.
     config.rollout.batching = "static"
     config.task_kind = "math"
     config.math.update(

@@ -100,12 +100,16 @@ def _per_layer(config: DecoderConfig, **shapes) -> float:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("batching", ["continuous", "static"])
-def test_rollout_holds_each_layers_prefix_rows_on_their_devices_only(batching):
+@pytest.mark.parametrize("P, M", [(256, 4), (128, 256)])
+def test_rollout_holds_each_layers_prefix_rows_on_their_devices_only(batching, P, M):
     """A layer adds its shards of the chunk's KV cache and of the shared prefill cache, nothing
     more: gathering a chunk's prefix rows from a cache split by prompt would first build the
-    chunk's C x P rows of every layer on every device (3x this layer cost here)."""
+    chunk's C x P rows of every layer on every device (3x this layer cost at P = 256, M = 4).
+    With completions longer than the prompts (M = 256), a refill whose gathered rows stay split
+    by position makes XLA move the lanes' whole cache rows to that split and back instead
+    (4.1x)."""
     config = DecoderConfig.tiny(compute_dtype="bfloat16")
-    N, P, M, R, C = 16, 256, 4, 64, 32
+    N, R, C = 16, 64, 32
     per_kv_slot = 2 * config.num_kv_heads * config.head_dim * 2  # keys and values, bfloat16
     own_shards = (C * (P + M) + N * P) * per_kv_slot / 4  # 4 batch shards
     growth = _per_layer(config, N=N, P=P, M=M, R=R, C=C, batching=batching)
