@@ -224,13 +224,29 @@ def _budget_bytes(settings: configs.RunSettings) -> int | None:
     return None if gib is None else round(gib * GIB)
 
 
-def _largest_fitting(candidates: list[int], fits) -> int | None:
-    """The largest of the descending `candidates` that `fits` (monotone in size), by bisection."""
-    low, high = 0, len(candidates) - 1
-    if fits(candidates[low]):  # the common case first: no compile beyond the plan's own
-        return candidates[low]
-    if not fits(candidates[high]):
-        return None
+def _largest_fitting(candidates: list[int], fits, known: int | None = None) -> int | None:
+    """The largest of the descending `candidates` that `fits` (monotone in size), by bisection.
+
+    `known`: a candidate whose fit the plan has computed already (its own micro-batch): the search
+    then runs on the side of it that holds the answer, and tries the next larger candidate first,
+    so a config whose own size is the largest that fits costs one compile more, not several.
+    """
+    if known in candidates:
+        index = candidates.index(known)
+        if fits(known):
+            if index == 0 or not fits(candidates[index - 1]):
+                return known
+            low, high = 0, index - 1  # candidates[high] fits
+        else:
+            low, high = index + 1, len(candidates) - 1
+            if low > high or not fits(candidates[high]):
+                return None
+    else:
+        low, high = 0, len(candidates) - 1
+        if fits(candidates[low]):  # the whole batch at once
+            return candidates[low]
+        if not fits(candidates[high]):
+            return None
     while low < high:
         middle = (low + high) // 2
         if fits(candidates[middle]):
@@ -355,11 +371,15 @@ def memory_plan(
     if room <= 0:
         return plan._replace(searched=True)
     rollout = _largest_fitting(
-        planner.candidates(planner.num_slots), lambda slots: planner.rollout_bytes(slots) <= room
+        planner.candidates(planner.num_slots),
+        lambda slots: planner.rollout_bytes(slots) <= room,
+        known=rollout_slots,
     )
     minibatch = planner.candidates(planner.minibatch_slots)
     remat = planner.model_config.remat
-    update = _largest_fitting(minibatch, lambda slots: planner.update_bytes(slots) <= room)
+    update = _largest_fitting(
+        minibatch, lambda slots: planner.update_bytes(slots) <= room, known=update_slots
+    )
     if update is None and not remat:
         # Without remat every layer's activations (attention probabilities included) stay
         # alive for the backward pass: one long sequence alone can exceed a device.
