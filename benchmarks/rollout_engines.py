@@ -8,6 +8,9 @@ Workloads (each engine gets the same prompts, the same slot map and temperature 
              completions' lengths are geometric: most stop early, about 5 % run to the maximum
              (the work continuous batching is for). The realised lengths are reported per engine.
   long_tail  the same with up to 1,024 new tokens and a median near 128 (0.54 % per token).
+  long_cap   32 prompts x 8 rollouts, 64-token prompts, every completion 512 new tokens (no stop
+             id): where the static loop's decode windows read only the live part of its cache and
+             the continuous loop its whole ring at every step.
   step       a whole training step of a chain-task run (`tiny_cpu.py` with this width, 32 prompts
              x 4 rollouts): rollout (with vLLM, the weight sync and the trainer's recomputed
              log-probs included), reward and update.
@@ -26,7 +29,7 @@ is the same.
 
 Run (the vllm extra's environment):  make bench-engines
     or  .venv-vllm/bin/python -m benchmarks.rollout_engines [--repeats=3] [--out=engines.json]
-        [--workloads=grpo,uneven,long_tail] [--no-vllm] [--graded]
+        [--workloads=grpo,uneven,long_tail,long_cap] [--no-vllm] [--graded]
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ WORKLOADS = {
     "grpo": (256, 32, 0.0),
     "uneven": (64, 256, 1 - 0.05 ** (1 / 256)),
     "long_tail": (64, 1024, 1 - 0.5 ** (1 / 128)),
+    "long_cap": (64, 512, 0.0),
 }
 # The built-in engine's two forms: (batching, decode slots; None: all R at once).
 KV_CACHE = {"static": ("static", None), "continuous": ("continuous", 64)}
