@@ -59,7 +59,8 @@ study: $(RUNTIME)
 		--workdir=runs/study_$(PROFILE) --results=results/study_$(PROFILE) --results_md=RESULTS.md
 
 # The horizon study (issue 48, RESULTS.md): 4 arms x 5 seeds x 600 steps on the graded profile,
-# into results/horizon_graded and RESULTS.md; resumes as `study` does (about 6 hours on 2 cores).
+# into results/horizon_graded and RESULTS.md; resumes as `study` does (about 3 hours on an idle
+# 2-core machine; with every run stored it only rebuilds the tables and figures).
 horizon: $(RUNTIME)
 	$(PY) -m experiments.compare --config=experiments/configs/horizon_study.py \
 		--workdir=runs/horizon_graded --results=results/horizon_graded --results_md=RESULTS.md

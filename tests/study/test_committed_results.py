@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.configs import rivals_study
+from experiments.configs import horizon_study, rivals_study
 from gdro_jax import study
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,5 +52,50 @@ def test_the_tables_rebuild_exactly(rebuilt):
 
 def test_the_summary_rebuilds_exactly(rebuilt):
     _, _, results, summary = rebuilt
+    committed = json.loads((results / "study.json").read_text())
+    assert json.loads(json.dumps(summary)) == committed
+
+
+# --- The horizon study (issue 48) -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def horizon(monkeypatch_module):
+    results = ROOT / "results" / "horizon_graded"
+    config = horizon_study.get_config()
+    # `warm_start_store` (the 150-step study whose points the horizon marks) is relative to the
+    # repository's root, as `make horizon` runs it.
+    monkeypatch_module.chdir(ROOT)
+    return config, results, study.collect(config, results / "runs")
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
+
+
+def test_the_horizon_has_four_arms_of_five_seeds_with_four_points(horizon):
+    config, results, summary = horizon
+    assert summary["arms"] == list(horizon_study.ARMS)
+    assert summary["seeds"] == [0, 1, 2, 3, 4]
+    for arm in summary["arms"]:
+        stored = sorted(p.name for p in (results / "runs" / arm).iterdir())
+        assert stored == [f"seed_{s}" for s in range(5)], arm
+        for seed in range(5):
+            path = results / "runs" / arm / f"seed_{seed}" / "eval_test.json"
+            steps = [point["step"] for point in json.loads(path.read_text())["along"]]
+            assert steps == [150, 300, 450, 600], (arm, seed)
+    assert summary["along"]["steps"] == [150, 300, 450, 600]
+
+
+def test_the_horizon_tables_rebuild_exactly(horizon):
+    config, results, summary = horizon
+    tables = study.format_tables(summary)
+    assert (results / "tables.md").read_text() == tables + "\n"
+    begin, end = study.results_markers(config.name)
+    text = (ROOT / "RESULTS.md").read_text()
+    assert text.count(begin) == 1, "RESULTS.md: no single horizon block"
+    assert text.split(begin, 1)[1].split(end, 1)[0] == f"\n{tables}\n"
     committed = json.loads((results / "study.json").read_text())
     assert json.loads(json.dumps(summary)) == committed
