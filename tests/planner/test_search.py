@@ -20,9 +20,11 @@ def _counted(threshold):
     return fits, asked
 
 
+THRESHOLDS = [0, 8, 12, 16, 100, 128, 256, 700, 1024, 5000]
+
+
 @pytest.mark.parametrize(
-    "threshold, known",
-    list(itertools.product([0, 8, 12, 16, 100, 128, 256, 700, 1024, 5000], [None, *CANDIDATES, 48])),
+    "threshold, known", list(itertools.product(THRESHOLDS, [None, *CANDIDATES, 48]))
 )
 def test_the_search_finds_what_brute_force_finds(threshold, known):
     fits, asked = _counted(threshold)
