@@ -27,6 +27,24 @@ def rebuilt(request):
     return profile, config, results, study.collect(config, results / "runs")
 
 
+def _assert_five_stored_seeds(results, arms):
+    for arm in arms:
+        stored = sorted(p.name for p in (results / "runs" / arm).iterdir())
+        assert stored == [f"seed_{s}" for s in range(5)], arm
+
+
+def _assert_rebuilds_exactly(config, results, summary):
+    """The committed tables.md, RESULTS.md block and study.json equal what `summary` gives."""
+    tables = study.format_tables(summary)
+    assert (results / "tables.md").read_text() == tables + "\n"
+    begin, end = study.results_markers(config.name)
+    text = (ROOT / "RESULTS.md").read_text()
+    assert text.count(begin) == 1, f"RESULTS.md: no single {config.name} block"
+    assert text.split(begin, 1)[1].split(end, 1)[0] == f"\n{tables}\n"
+    committed = json.loads((results / "study.json").read_text())
+    assert json.loads(json.dumps(summary)) == committed
+
+
 def test_every_arm_has_five_stored_seeds(rebuilt):
     profile, config, results, summary = rebuilt
     assert summary["arms"] == list(study.arms_of(config))
@@ -34,26 +52,12 @@ def test_every_arm_has_five_stored_seeds(rebuilt):
     assert len(summary["arms"]) == (10 if ten else 8)
     assert ("vip" in summary["arms"]) == ten and ("pilot_commit" in summary["arms"]) == ten
     assert summary["seeds"] == [0, 1, 2, 3, 4]
-    for arm in summary["arms"]:
-        stored = sorted(p.name for p in (results / "runs" / arm).iterdir())
-        assert stored == [f"seed_{s}" for s in range(5)], arm
+    _assert_five_stored_seeds(results, summary["arms"])
 
 
-def test_the_tables_rebuild_exactly(rebuilt):
-    profile, config, results, summary = rebuilt
-    tables = study.format_tables(summary)
-    assert (results / "tables.md").read_text() == tables + "\n"
-    begin, end = study.results_markers(config.name)
-    text = (ROOT / "RESULTS.md").read_text()
-    assert text.count(begin) == 1, f"RESULTS.md: no single {profile} block"
-    block = text.split(begin, 1)[1].split(end, 1)[0]
-    assert block == f"\n{tables}\n"
-
-
-def test_the_summary_rebuilds_exactly(rebuilt):
-    _, _, results, summary = rebuilt
-    committed = json.loads((results / "study.json").read_text())
-    assert json.loads(json.dumps(summary)) == committed
+def test_the_tables_summary_and_block_rebuild_exactly(rebuilt):
+    _, config, results, summary = rebuilt
+    _assert_rebuilds_exactly(config, results, summary)
 
 
 # --- The horizon study (issue 48) -------------------------------------------------------------
@@ -77,25 +81,17 @@ def monkeypatch_module():
 
 def test_the_horizon_has_four_arms_of_five_seeds_with_four_points(horizon):
     config, results, summary = horizon
+    points = [*horizon_study.SNAPSHOT_STEPS, horizon_study.STEPS]
     assert summary["arms"] == list(horizon_study.ARMS)
     assert summary["seeds"] == [0, 1, 2, 3, 4]
+    _assert_five_stored_seeds(results, summary["arms"])
     for arm in summary["arms"]:
-        stored = sorted(p.name for p in (results / "runs" / arm).iterdir())
-        assert stored == [f"seed_{s}" for s in range(5)], arm
         for seed in range(5):
             path = results / "runs" / arm / f"seed_{seed}" / "eval_test.json"
             steps = [point["step"] for point in json.loads(path.read_text())["along"]]
-            assert steps == [150, 300, 450, 600], (arm, seed)
-    assert summary["along"]["steps"] == [150, 300, 450, 600]
+            assert steps == points, (arm, seed)
+    assert summary["along"]["steps"] == points
 
 
-def test_the_horizon_tables_rebuild_exactly(horizon):
-    config, results, summary = horizon
-    tables = study.format_tables(summary)
-    assert (results / "tables.md").read_text() == tables + "\n"
-    begin, end = study.results_markers(config.name)
-    text = (ROOT / "RESULTS.md").read_text()
-    assert text.count(begin) == 1, "RESULTS.md: no single horizon block"
-    assert text.split(begin, 1)[1].split(end, 1)[0] == f"\n{tables}\n"
-    committed = json.loads((results / "study.json").read_text())
-    assert json.loads(json.dumps(summary)) == committed
+def test_the_horizon_tables_summary_and_block_rebuild_exactly(horizon):
+    _assert_rebuilds_exactly(*horizon)
