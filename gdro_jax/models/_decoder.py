@@ -108,13 +108,15 @@ def _dense(x: jax.Array, w: jax.Array, contract: int) -> jax.Array:
     return y.reshape(*rows, *w.shape[contract:])
 
 
-def _attention(q_BTNH, k_BKHS, v_BKSH, allowed_BTS):
+def _attention(q_BTNH, k_BKHS, v_BKSH, allowed_BTS, live_n=None):
     """Grouped-query attention: query head n reads key/value head n // G.
 
     Queries are laid out [B, K, G*T, H] so both matmuls are batched over (B, K) with one free and
     one contracting dimension each (forward and backward), without relayout copies of the keys.
     Keys and values may come as tuples of blocks along S (a blocked cache): each block is read
-    where it lies, and only the scores are joined.
+    where it lies, and only the scores are joined. `live_n` ([n] bool, one per block, or None):
+    a block marked False is not read at all (`lax.cond`); its scores are the masked value, which
+    `allowed_BTS` gives them anyway for every query that counts.
     """
     k_blocks = k_BKHS if isinstance(k_BKHS, tuple) else (k_BKHS,)
     v_blocks = v_BKSH if isinstance(v_BKSH, tuple) else (v_BKSH,)
@@ -122,19 +124,33 @@ def _attention(q_BTNH, k_BKHS, v_BKSH, allowed_BTS):
     K, S = k_blocks[0].shape[1], sum(k.shape[3] for k in k_blocks)
     G = N // K
     q_BKQH = q_BTNH.reshape(B, T, K, G, H).transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, H)
+
+    def unless_skipped(index, compute, fill):
+        if live_n is None:
+            return compute()
+        like = jax.eval_shape(compute)
+        return jax.lax.cond(live_n[index], compute, lambda: jnp.full(like.shape, fill, like.dtype))
+
     scores = [
-        jnp.einsum("bkqh,bkhs->bkqs", q_BKQH, k, preferred_element_type=jnp.float32)
-        for k in k_blocks
+        unless_skipped(
+            i,
+            lambda k=k: (
+                jnp.einsum("bkqh,bkhs->bkqs", q_BKQH, k, preferred_element_type=jnp.float32)
+                * (H**-0.5)
+            ),
+            _MASKED,
+        )
+        for i, k in enumerate(k_blocks)
     ]
-    scores_BKQS = (scores[0] if len(scores) == 1 else jnp.concatenate(scores, axis=-1)) * (H**-0.5)
+    scores_BKQS = scores[0] if len(scores) == 1 else jnp.concatenate(scores, axis=-1)
     scores_BKGTS = scores_BKQS.reshape(B, K, G, T, S)
     scores_BKGTS = jnp.where(allowed_BTS[:, None, None], scores_BKGTS, _MASKED)
     probs_BKQS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(q_BTNH.dtype).reshape(B, K, G * T, S)
     attn_BKQH, start = None, 0
-    for v in v_blocks:
+    for i, v in enumerate(v_blocks):
         size = v.shape[2]
         probs = probs_BKQS if len(v_blocks) == 1 else probs_BKQS[..., start : start + size]
-        part = jnp.einsum("bkqs,bksh->bkqh", probs, v)
+        part = unless_skipped(i, lambda p=probs, v=v: jnp.einsum("bkqs,bksh->bkqh", p, v), 0)
         attn_BKQH, start = part if attn_BKQH is None else attn_BKQH + part, start + size
     return attn_BKQH.reshape(B, K, G, T, H).transpose(0, 3, 1, 2, 4).reshape(B, T, N, H)
 
@@ -150,6 +166,21 @@ def _write_cache(cache: jax.Array, new: jax.Array, index: jax.Array | int, axis:
     """`cache` with `new` written along `axis` from slot `index`, the same for the whole batch
     (one in-place write)."""
     return jax.lax.dynamic_update_slice_in_dim(cache, new, index, axis)
+
+
+def _write_blocks(blocks, new, index, axis: int):
+    """A blocked cache with `new` (T slots along `axis`) written from slot `index` of the blocks
+    joined, into the one block that holds those slots: every block takes an in-place write at
+    its clamped offset, of `new` where the slots are its own and of its own slots elsewhere."""
+    T, written, offset = new.shape[axis], [], 0
+    for block in blocks:
+        size = block.shape[axis]
+        local = jnp.clip(index - offset, 0, size - T)
+        held = (index >= offset) & (index + T <= offset + size)
+        own = jax.lax.dynamic_slice_in_dim(block, local, T, axis)
+        written.append(_write_cache(block, jnp.where(held, new, own), local, axis))
+        offset += size
+    return tuple(written)
 
 
 def attention_implementation(config: DecoderConfig, platform: str | None = None) -> str:
@@ -241,6 +272,7 @@ class DecoderLayers(nnx.Module):
         allowed_BTS: jax.Array,
         cache: tuple[jax.Array, jax.Array] | None,
         cache_index: jax.Array | int,
+        live_blocks: jax.Array | None = None,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
         """One pre-norm block on one layer's parameters (call on a per-layer slice).
 
@@ -255,6 +287,9 @@ class DecoderLayers(nnx.Module):
           cache: this layer's (keys [B, K, H, S], values [B, K, S, H]), or None to attend only
             within this call's tokens.
           cache_index: cache slot of this call's first token (one for the whole batch).
+          live_blocks: for a blocked cache, [n] bool: which blocks attention reads, the new
+            keys/values going into the block that holds `cache_index` (see
+            `Decoder.extend_cache`); None: every block read, the new ones written into the last.
 
         Returns:
           (the new residual stream [B, T, D], this layer's cache with the new keys/values
@@ -282,6 +317,15 @@ class DecoderLayers(nnx.Module):
         v_BKTH = v_BTKH.transpose(0, 2, 1, 3)
         if cache is None:
             k_BKHS, v_BKSH = k_BKHT, v_BKTH
+        elif isinstance(cache[0], tuple) and live_blocks is not None:  # into the holding block
+            k_blocks, v_blocks = cache
+            k_new = _write_blocks(k_blocks, k_BKHT.astype(k_blocks[0].dtype), cache_index, 3)
+            v_new = _write_blocks(v_blocks, v_BKTH.astype(v_blocks[0].dtype), cache_index, 2)
+            cache = (
+                tuple(constrain(k, s.cache_bkhs, mesh) for k in k_new),
+                tuple(constrain(v, s.cache_bksh, mesh) for v in v_new),
+            )
+            k_BKHS, v_BKSH = cache
         elif isinstance(cache[0], tuple):  # blocks along S: this call writes into the last
             k_blocks, v_blocks = cache
             index = cache_index - cache_slots(k_blocks[:-1], 3)
@@ -302,7 +346,7 @@ class DecoderLayers(nnx.Module):
         if cache is None and attention_implementation(c, platform) == "cudnn":
             attn_BTNH = _fused_attention(q_BTNH, k_BTKH, v_BTKH, allowed_BTS)
         else:
-            attn_BTNH = _attention(q_BTNH, k_BKHS, v_BKSH, allowed_BTS)
+            attn_BTNH = _attention(q_BTNH, k_BKHS, v_BKSH, allowed_BTS, live_blocks)
         attn_BTNH = constrain(attn_BTNH, s.act_btnh, mesh)
         out_BTD = _dense(attn_BTNH, self.o[...].astype(cdt), 2)
         if c.o_bias:
@@ -407,6 +451,7 @@ class Decoder(nnx.Module):
         key_mask_BS: jax.Array,
         layers: Sequence[DecoderLayers] | None = None,
         causal_by_slot: bool = True,
+        live_blocks: jax.Array | None = None,
     ) -> tuple[jax.Array, KVCache]:
         """Runs T new tokens per sequence, writing their keys/values at cache slots
         `cache_index .. cache_index+T-1`, and attending to every earlier valid slot.
@@ -425,6 +470,11 @@ class Decoder(nnx.Module):
           causal_by_slot: a query attends to no slot after its own (True), or `key_mask_BS`
             alone says which slots it reads (False: a cache whose slots are not in token
             order, such as the continuous sampler's ring of completion slots).
+          live_blocks: for a blocked cache, [n] bool, one per block: attention reads only the
+            blocks marked True (the others' slots must be masked by `key_mask_BS` for every row
+            that counts), and the new tokens go into whichever block holds `cache_index` (a
+            ring of blocks; the T new slots within one block). None: every block given is read
+            and the new tokens go into the last.
 
         Returns:
           (h_BTD final-normed hidden states, the updated cache).
@@ -449,6 +499,7 @@ class Decoder(nnx.Module):
             cache=cache,
             cache_index=cache_index,
             layers=layers,
+            live_blocks=live_blocks,
         )
 
     def layer_slices(self) -> tuple[DecoderLayers, ...]:
@@ -485,7 +536,10 @@ class Decoder(nnx.Module):
             v=tuple(zeros((batch, K, length, H), s.cache_bksh) for _ in range(c.num_layers)),
         )
 
-    def _run(self, tokens_BT, positions_BT, allowed_BTS, *, cache, cache_index, layers=None):
+    def _run(
+        self, tokens_BT, positions_BT, allowed_BTS, *, cache, cache_index, layers=None,
+        live_blocks=None,
+    ):  # fmt: skip
         c, s, mesh = self.config, self.sharding, self.mesh
         cdt = jnp.dtype(c.compute_dtype)
         tokens_BT = constrain(tokens_BT, s.tokens_bt, mesh)
@@ -505,6 +559,7 @@ class Decoder(nnx.Module):
             sin_BTh=sin_BTh,
             allowed_BTS=allowed_BTS,
             cache_index=cache_index,
+            live_blocks=live_blocks,
         )
         if cache is None:
 

@@ -16,6 +16,14 @@ queue is not empty) gathers the entering requests' prefixes, and their first tok
 prefill's logits; a request's tokens, log-probs, length and finish reason land in its own row of
 the [R, M] outputs.
 
+Decode windows. The cache is kept in the static loop's blocks (`window_ends`): the prompts' P slots
+with the ring's first window, then one block per later window of ring slots. A step reads the
+first block and only the later blocks that some active lane has written into since its request
+entered: the others are skipped (`lax.cond` per block and layer, their scores the masked value
+they would have had), so a step's reads follow the span of ring slots its live requests cover,
+not all M. Nothing moves: the ring wraps as before, and the step's key/value goes into the block
+that holds its ring slot.
+
 Randomness is the static sampler's: request r's token t is drawn with `fold_in(fold_in(key, r), t)`,
 whatever lane it ran in and whenever it entered, so both samplers give the same completions, equal
 up to the rounding of matmuls whose kernel depends on the batch's composition (bit for bit on CPU
@@ -39,13 +47,14 @@ from gdro_jax.sampling._generate import (
     _result,
     _set_up,
     _slots_on_batch,
+    window_ends,
 )
 
 
 class _Lanes(NamedTuple):
     """The continuous loop's carry: C lanes, the queue's head and the requests' outputs."""
 
-    cache: KVCache  # L x [C, K, H, S] keys and [C, K, S, H] values
+    cache: KVCache  # L x blocks (windows) of [C, K, H, s] keys and [C, K, s, H] values
     request: jax.Array  # [C] int32 the lane's request (R: none yet)
     prompt_length: jax.Array  # [C] int32 its prompt's length
     step: jax.Array  # [C] int32 tokens its request has sampled
@@ -69,6 +78,7 @@ class _Lanes(NamedTuple):
         "use_top_p",
         "pad_id",
         "decode_slots",
+        "decode_window",
     ),
 )
 def _generate_continuous(
@@ -88,6 +98,7 @@ def _generate_continuous(
     use_top_p: bool,
     pad_id: int,
     decode_slots: int,
+    decode_window: int = 0,
 ) -> GenerationResult:
     model, sample, prompts = _set_up(
         graphdef, state, tokens_NP, lengths_N, pad_id=pad_id, temperature=temperature,
@@ -97,6 +108,10 @@ def _generate_continuous(
     P = tokens_NP.shape[1]
     R, M, C = prompt_of_slot_R.shape[0], max_new_tokens, decode_slots
     S = P + M
+    # The cache in the static loop's blocks, one a decode window (the prompt and the ring's first
+    # window, then one block per later window): a step reads the first block and the later ones
+    # some active lane has written into since it entered, not all M ring slots.
+    ends = window_ends(M, decode_window)
     logits_NV, prefix_N = _prefill(model, prompts.tokens, prompts.positions, prompts.valid)
     prefix_N = _positions_on_batch(model, prefix_N)
     layers = model.layer_slices()  # weights sliced once, outside the loop
@@ -137,18 +152,16 @@ def _generate_continuous(
         gathered = _positions_on_batch(model, jax.tree.map(lambda a: a[prompt_C], prefix_N))
         take_C111 = take_C[:, None, None, None]
 
-        def enter(cache_row, prefix, specs, position_axis):
-            kept = jax.lax.slice_in_dim(cache_row, 0, P, axis=position_axis)
+        def enter(blocks, prefix, specs, position_axis):
+            first = blocks[0]  # the prompt's P slots, then the ring's first block
+            kept = jax.lax.slice_in_dim(first, 0, P, axis=position_axis)
             # The rows moved to their lanes' devices first (one all-to-all of the C x P rows):
             # left split by position, XLA moves the lanes' whole cache rows to that split
             # instead, and back, holding copies of every layer's cache (Qwen3-8B on fsdp=8, 128
             # lanes: 75.0 GiB of rollout buffers; 48.0 with the rows moved first).
             prefix = jnp.where(take_C111, constrain(prefix, specs, model.mesh), kept)
-            return constrain(
-                jax.lax.dynamic_update_slice_in_dim(cache_row, prefix, 0, position_axis),
-                specs,
-                model.mesh,
-            )
+            first = jax.lax.dynamic_update_slice_in_dim(first, prefix, 0, position_axis)
+            return (constrain(first, specs, model.mesh), *blocks[1:])
 
         cache = KVCache(
             k=tuple(
@@ -181,6 +194,13 @@ def _generate_continuous(
         written_CS = (column_S >= 0) & (jnp.remainder(ring - column_S, M) < lanes.step[:, None])
         prompt_CS = (column_S < 0) & (column_S >= -lanes.prompt_length[:, None])
         active_C = ~lanes.done
+        # A later ring block is read when an active lane has written into it since it entered
+        # (the other lanes' outputs are dropped); the first block, with the prompts, always.
+        read_CM = written_CS[:, P:] & active_C[:, None]
+        live_n = jnp.stack(
+            [jnp.bool_(True)]
+            + [jnp.any(read_CM[:, a:e]) for a, e in zip(ends[:-1], ends[1:], strict=True)]
+        )
         h_C1D, cache = model.extend_cache(
             lanes.last[:, None],
             (lanes.prompt_length + lanes.step - 1)[:, None],
@@ -189,6 +209,7 @@ def _generate_continuous(
             key_mask_BS=prompt_CS | written_CS,
             layers=layers,
             causal_by_slot=False,
+            live_blocks=live_n if len(ends) > 1 else None,  # one block: no cond
         )
         token_C, logprob_C = draw(model.logits(h_C1D)[:, 0], lanes.request, lanes.step)
         lanes = lanes._replace(cache=cache, iterations=lanes.iterations + 1)
@@ -202,8 +223,14 @@ def _generate_continuous(
         waiting = jnp.any(~lanes.done) | (lanes.next_request < R)
         return waiting & (lanes.iterations < R * M)
 
+    blocks = [model.init_cache(C, P + ends[0])] + [
+        model.init_cache(C, e - a) for a, e in zip(ends[:-1], ends[1:], strict=True)
+    ]
     lanes = _Lanes(
-        cache=model.init_cache(C, S),
+        cache=KVCache(
+            k=tuple(zip(*(b.k for b in blocks), strict=True)),
+            v=tuple(zip(*(b.v for b in blocks), strict=True)),
+        ),
         request=jnp.full((C,), R, jnp.int32),
         prompt_length=jnp.ones((C,), jnp.int32),
         step=jnp.ones((C,), jnp.int32),

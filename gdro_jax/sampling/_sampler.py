@@ -77,10 +77,13 @@ def generate(
         lengths). "static": the slots are decoded in chunks of C (a `lax.map` inside the same
         compiled function, the last chunk padded), each chunk until its longest completion
         stops. Same completions either way, up to float rounding (see the module docstrings).
-      decode_window: static batching: the KV cache grows a window of this many completion
-        tokens at a time, so each decode step reads its live positions rounded up to a window,
-        not all P + M (`window_ends`; 0: at least 128 tokens and at most 8 windows). The same
-        completions up to float rounding; each window is compiled into the loop.
+      decode_window: the completion slots of the KV cache in blocks of this many tokens
+        (`window_ends`; 0: at least 128 tokens and at most 8 blocks), so a decode step reads
+        what is live, not all P + M. Static batching: the cache grows a block at a time and a
+        step reads its live positions rounded up to a block (each window compiled into the
+        loop). Continuous: the lanes' ring of completion slots is in blocks, and a step skips
+        (`lax.cond`) the blocks no active lane has written into since it entered. The same
+        completions up to float rounding; M: one block, every slot read at every step.
 
     Returns:
       GenerationResult with tokens/logprobs [R, M], lengths and finish reasons [R], and each
@@ -169,7 +172,9 @@ def generate(
     )
     slots = min(micro_batch_slots or num_slots, num_slots)
     if batching == "continuous" and share_prefill:
-        return _generate_continuous(*arrays, **static, decode_slots=slots)
+        return _generate_continuous(
+            *arrays, **static, decode_slots=slots, decode_window=decode_window
+        )
     return _generate(
         *arrays,
         **static,

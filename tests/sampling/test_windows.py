@@ -1,16 +1,23 @@
-"""The static loop's decode windows (`window_ends`): the KV cache is kept in blocks, one a
-window, and a decode step reads the blocks up to its own: its live positions rounded up to a
-window. The completions are those
-of one window over the whole `P + M` cache (the sampler before windows) and of a full forward
-pass alone; one compilation serves every live length. Planted, each seen failing: a window's key
-mask that hides the earlier windows' slots while they are live, and a window that skips the
-blocks between the first and its own."""
+"""Decode windows (`window_ends`): the KV cache is kept in blocks, one a window.
 
+The static loop's step reads the blocks up to its own: its live positions rounded up to a window.
+The continuous loop's lanes share a ring of completion slots in those blocks, and a step skips
+(`lax.cond`) the ring blocks no active lane has written into since it entered. The completions
+are those of one window over the whole `P + M` cache (the samplers before windows) and of a full
+forward pass alone; one compilation serves every live length; a block marked dead is not read at
+all (NaN there stays out of the result). Planted, each seen failing: a window's key mask that
+hides the earlier windows' slots while they are live, a window that skips the blocks between the
+first and its own, and (continuous) a live ring block taken for dead."""
+
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from gdro_jax import models
+from gdro_jax.models import KVCache
 from gdro_jax.sampling import window_ends
+from gdro_jax.sampling._continuous import _generate_continuous
 from gdro_jax.sampling._generate import _generate
 from tests.sampling._reference import CONFIG, EOS, SLOTS, M, sample, sample_alone
 
@@ -55,8 +62,13 @@ def test_windows_give_the_whole_caches_completions(model, whole):
 
 def test_windows_match_a_forward_pass_alone(model):
     """Slots that run past several windows, each against full forward passes without a cache."""
-    got = _sample(model, 3)
-    long = [s for s in range(len(SLOTS)) if int(got.lengths[s]) > 6][:4]
+    _assert_long_ones_match_a_forward_pass(model, _sample(model, 3), range(len(SLOTS)))
+
+
+def _assert_long_ones_match_a_forward_pass(model, got, slots):
+    """Up to 4 of `slots` whose completions ran past 6 tokens (at least 2), each against full
+    forward passes of that slot alone."""
+    long = [s for s in slots if int(got.lengths[s]) > 6][:4]
     assert len(long) >= 2
     for slot in long:
         tokens, logprobs = sample_alone(model, slot, top_p=1.0)
@@ -65,19 +77,118 @@ def test_windows_match_a_forward_pass_alone(model):
         np.testing.assert_allclose(np.asarray(got.logprobs)[slot, :length], logprobs, atol=ATOL)
 
 
+# Other keys and stop ids (as many: their number is a shape), so that requests stop in other
+# windows.
+OTHER_RUNS = ((4, 0), (5, 12), (6, 24), (7, 36))
+
+
+def _runs_after_the_first(jitted, run):
+    """`run(key, eos_ids)` for each of OTHER_RUNS after a first call, asserting that `jitted`
+    compiled none of them; their completions' lengths."""
+    run(3, tuple(range(24)))
+    compiled = jitted._cache_size()
+    lengths = [
+        np.asarray(run(key, tuple(range(first, first + 24))).lengths) for key, first in OTHER_RUNS
+    ]
+    assert jitted._cache_size() == compiled
+    return lengths
+
+
 def test_one_compilation_serves_every_live_length(model):
-    _sample(model, 3, eos_ids=tuple(range(24)))
-    compiled = _generate._cache_size()
-    # Other keys and stop ids (as many: their number is a shape), so that the chunks stop in
-    # other windows.
-    longest = []
-    for key, first in ((4, 0), (5, 12), (6, 24), (7, 36)):
-        result = _sample(model, 3, key=key, eos_ids=tuple(range(first, first + 24)))
-        longest.append(np.asarray(result.lengths).reshape(3, 8).max(axis=1))  # per chunk
-    assert _generate._cache_size() == compiled
+    lengths = _runs_after_the_first(
+        _generate, lambda key, eos_ids: _sample(model, 3, key=key, eos_ids=eos_ids)
+    )
+    longest = [n.reshape(3, 8).max(axis=1) for n in lengths]  # per chunk
     assert len({int(n) for n in np.concatenate(longest)}) >= 3, longest
 
 
 def test_a_bad_window_is_named(model):
     with pytest.raises(ValueError, match="decode_window must be an int >= 0"):
         _sample(model, -1)
+
+
+# --- The continuous loop ------------------------------------------------------------------------
+
+
+def _lanes(model, lanes, window, *, key=3, eos_ids=EOS, top_p=1.0):
+    """The shared workload from a queue on `lanes` decode lanes, ring blocks of `window`."""
+    return sample(
+        model, lanes, batching="continuous", key=key, eos_ids=eos_ids, top_p=top_p,
+        decode_window=window,
+    )  # fmt: skip
+
+
+# 1 lane: each request alone, its ring slots wrapping from wherever the last one stopped; 5 and
+# 8: requests of every age side by side, so the blocks read wrap around the ring's end.
+@pytest.mark.parametrize("lanes, top_p", [(1, 1.0), (5, 1.0), (8, 0.9)])
+def test_continuous_windows_give_the_whole_caches_completions(model, lanes, top_p):
+    want = sample(model, 8, batching="static", decode_window=M, top_p=top_p)
+    got = _lanes(model, lanes, 3, top_p=top_p)  # blocks of 24 + 3, 3, 3 and 1 slots
+    for name in ("tokens", "lengths", "finish_reasons", "prompt_tokens"):
+        np.testing.assert_array_equal(
+            np.asarray(getattr(got, name)), np.asarray(getattr(want, name)), err_msg=name
+        )
+    np.testing.assert_allclose(np.asarray(got.logprobs), np.asarray(want.logprobs), atol=ATOL)
+
+
+def test_continuous_windows_match_a_forward_pass_alone(model):
+    """Requests that entered at refills and ran across several blocks of the ring."""
+    _assert_long_ones_match_a_forward_pass(model, _lanes(model, 5, 3), range(5, len(SLOTS)))
+
+
+def test_continuous_windows_compile_once_for_every_live_length(model):
+    lengths = _runs_after_the_first(
+        _generate_continuous, lambda key, eos_ids: _lanes(model, 5, 3, key=key, eos_ids=eos_ids)
+    )
+    assert len({int(n) for n in np.concatenate(lengths)}) >= 5, lengths
+
+
+# --- A block marked dead is not read ------------------------------------------------------------
+
+
+def test_a_dead_block_is_not_read_and_the_write_lands_in_the_holding_block(model):
+    """`extend_cache(live_blocks=...)` on blocks of 6, 4 and 5 slots, the last full of NaN, marked
+    dead and masked: the hidden state is the one-array cache's with that block zero (masking
+    alone would let 0 x NaN through the values), and the new key/value lands at slot 7 (block 1)
+    with every other slot unchanged."""
+    B, S, ends = 3, 15, (6, 10, 15)
+    rng = np.random.default_rng(1)
+    full = model.init_cache(B, S)
+    full = KVCache(
+        k=tuple(jnp.asarray(rng.normal(size=k.shape), k.dtype) for k in full.k),
+        v=tuple(jnp.asarray(rng.normal(size=v.shape), v.dtype) for v in full.v),
+    )
+    full = KVCache(  # the last block's slots zero in the reference
+        k=tuple(k.at[..., 10:].set(0) for k in full.k),
+        v=tuple(v.at[:, :, 10:].set(0) for v in full.v),
+    )
+
+    def split(a, axis):
+        starts = (0, *ends[:-1])
+        return tuple(
+            jax.lax.slice_in_dim(a, s, e, axis=axis) for s, e in zip(starts, ends, strict=True)
+        )
+
+    blocked = KVCache(
+        k=tuple(split(k, 3)[:2] + (jnp.full_like(split(k, 3)[2], jnp.nan),) for k in full.k),
+        v=tuple(split(v, 2)[:2] + (jnp.full_like(split(v, 2)[2], jnp.nan),) for v in full.v),
+    )
+    tokens_B1 = jnp.asarray([[3], [9], [27]], jnp.int32)
+    positions_B1 = jnp.asarray([[7], [7], [5]], jnp.int32)
+    mask_BS = np.zeros((B, S), bool)
+    mask_BS[:, :8] = True
+    mask_BS[2, :2] = False
+    options = dict(cache_index=7, key_mask_BS=jnp.asarray(mask_BS), causal_by_slot=False)
+    want_h, want_cache = model.extend_cache(tokens_B1, positions_B1, cache=full, **options)
+    got_h, got_cache = model.extend_cache(
+        tokens_B1, positions_B1, cache=blocked, live_blocks=jnp.asarray([True, True, False]),
+        **options,
+    )  # fmt: skip
+    assert np.all(np.isfinite(np.asarray(got_h)))
+    np.testing.assert_allclose(np.asarray(got_h), np.asarray(want_h), rtol=1e-5, atol=1e-6)
+    for got, want, axis in ((got_cache.k, want_cache.k, 3), (got_cache.v, want_cache.v, 2)):
+        for got_blocks, want_layer in zip(got, want, strict=True):
+            wanted = split(want_layer, axis)
+            np.testing.assert_array_equal(np.asarray(got_blocks[0]), np.asarray(wanted[0]))
+            np.testing.assert_array_equal(np.asarray(got_blocks[1]), np.asarray(wanted[1]))
+            assert np.all(np.isnan(np.asarray(got_blocks[2])))  # dead and untouched
