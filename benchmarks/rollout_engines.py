@@ -19,7 +19,7 @@ Workloads (each engine gets the same prompts, the same slot map and temperature 
 
 The built-in engine runs twice: "static", all 256 slots at once until the longest stops (the
 engine before continuous batching), and "continuous", 64 decode slots taking the 256 requests
-from a queue (`micro_batch_slots=64`, `batching="continuous"`).
+from a queue (`micro_batch_slots=64`, `batching="continuous"`; `--lanes` sets another number).
 
 Tokens/s = completion tokens / median wall time of the engine's `generate` over `--repeats`
 calls after a first (compiling) one. vLLM runs as the trainer drives it (one `n = 1` request per
@@ -29,7 +29,7 @@ is the same.
 
 Run (the vllm extra's environment):  make bench-engines
     or  .venv-vllm/bin/python -m benchmarks.rollout_engines [--repeats=3] [--out=engines.json]
-        [--workloads=grpo,uneven,long_tail,long_cap] [--no-vllm] [--graded]
+        [--workloads=grpo,uneven,long_tail,long_cap] [--no-vllm] [--graded] [--lanes=64]
 """
 
 from __future__ import annotations
@@ -66,8 +66,9 @@ WORKLOADS = {
     "long_tail": (64, 1024, 1 - 0.5 ** (1 / 128)),
     "long_cap": (64, 512, 0.0),
 }
-# The built-in engine's two forms: (batching, decode slots; None: all R at once).
-KV_CACHE = {"static": ("static", None), "continuous": ("continuous", 64)}
+# The built-in engine's two forms: (batching, decode slots; None: all R at once, "lanes": the
+# continuous loop's decode lanes, --lanes).
+KV_CACHE = {"static": ("static", None), "continuous": ("continuous", "lanes")}
 REPO = Path(__file__).resolve().parents[1]
 WARM_START = REPO / "results" / "study_graded" / "runs" / "warm_start" / "model"
 
@@ -104,7 +105,7 @@ def _lengths(result) -> dict:
     }
 
 
-def generate_workloads(repeats: int, names: list[str], with_vllm: bool) -> dict:
+def generate_workloads(repeats: int, names: list[str], with_vllm: bool, lanes: int = 64) -> dict:
     """Tokens/s of the engines on the sampling workloads."""
     model = models.Decoder(POLICY, rngs=nnx.Rngs(0))
     graphdef, params = nnx.split(model)
@@ -123,7 +124,7 @@ def generate_workloads(repeats: int, names: list[str], with_vllm: bool) -> dict:
                 max_new_tokens=new_tokens,
                 temperature=1.0,
                 eos_ids=stops,
-                micro_batch_slots=slots,
+                micro_batch_slots=lanes if slots == "lanes" else slots,
                 batching=batching,
             )
             kv_generate = jax.jit(kv.generate)
@@ -239,7 +240,10 @@ def main() -> None:
     parser.add_argument("--no-vllm", action="store_true", help="the built-in engine only")
     parser.add_argument("--no-step", action="store_true", help="skip the chain-task step")
     parser.add_argument("--graded", type=int, default=0, help="graded-profile steps (0: none)")
+    parser.add_argument("--lanes", type=int, default=64, help="the continuous loop's decode lanes")
     args = parser.parse_args()
+    if not 1 <= args.lanes <= NUM_PROMPTS * ROLLOUTS:
+        parser.error(f"--lanes must be in 1..{NUM_PROMPTS * ROLLOUTS}, got {args.lanes}")
     names = [name for name in args.workloads.split(",") if name]
     unknown = sorted(set(names) - set(WORKLOADS))
     if unknown:
@@ -249,7 +253,8 @@ def main() -> None:
     figures = {
         "devices": [str(d) for d in jax.devices()],
         "cpu_count": os.cpu_count(),
-        "generate": generate_workloads(args.repeats, names, not args.no_vllm),
+        "lanes": args.lanes,
+        "generate": generate_workloads(args.repeats, names, not args.no_vllm, args.lanes),
     }
     if not args.no_step:
         figures["step"] = training_steps(args.repeats, not args.no_vllm)

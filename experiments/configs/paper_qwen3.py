@@ -45,10 +45,9 @@ def paper_config(size: str) -> ml_collections.ConfigDict:
     # for any value (up to the matmuls' rounding at another batch size): resumable.
     config.rollout.micro_batch_slots = 128
     # Continuous batching (the library's default): 128 lanes take the 1024 requests from a queue.
-    # It fits every preset (Qwen3-8B on fsdp=8: "rollout, other buffers" 48.0 GiB, 74.5 in all,
-    # experiments.plan). --config.rollout.batching=static takes chunks of 128 slots instead,
-    # whose decode windows read only the live part of the cache (44.7 GiB, 71.9 in all), where
-    # the continuous loop reads every lane's whole P + M ring each step.
+    # It fits every preset (Qwen3-8B on fsdp=8: "rollout, other buffers" 45.3 GiB, 71.9 in all,
+    # experiments.plan), and a decode step skips the ring's blocks no live request has written
+    # into. --config.rollout.batching=static takes chunks of 128 slots instead (44.7 GiB, 71.9).
     config.rollout.batching = "continuous"
     config.task_kind = "math"
     config.math.update(
