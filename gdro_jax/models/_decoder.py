@@ -115,8 +115,7 @@ def _attention(q_BTNH, k_BKHS, v_BKSH, allowed_BTS, live_n=None):
     one contracting dimension each (forward and backward), without relayout copies of the keys.
     Keys and values may come as tuples of blocks along S (a blocked cache): each block is read
     where it lies, and only the scores are joined. `live_n` ([n] bool, one per block, or None):
-    a block marked False is not read at all (`lax.cond`); its scores are the masked value, which
-    `allowed_BTS` gives them anyway for every query that counts.
+    see `_attention_over_live_blocks`.
     """
     k_blocks = k_BKHS if isinstance(k_BKHS, tuple) else (k_BKHS,)
     v_blocks = v_BKSH if isinstance(v_BKSH, tuple) else (v_BKSH,)
@@ -124,35 +123,68 @@ def _attention(q_BTNH, k_BKHS, v_BKSH, allowed_BTS, live_n=None):
     K, S = k_blocks[0].shape[1], sum(k.shape[3] for k in k_blocks)
     G = N // K
     q_BKQH = q_BTNH.reshape(B, T, K, G, H).transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, H)
-
-    def unless_skipped(index, compute, fill):
-        if live_n is None:
-            return compute()
-        like = jax.eval_shape(compute)
-        return jax.lax.cond(live_n[index], compute, lambda: jnp.full(like.shape, fill, like.dtype))
-
+    if live_n is not None:
+        attn_BKQH = _attention_over_live_blocks(q_BKQH, k_blocks, v_blocks, allowed_BTS, live_n, G)
+        return attn_BKQH.reshape(B, K, G, T, H).transpose(0, 3, 1, 2, 4).reshape(B, T, N, H)
     scores = [
-        unless_skipped(
-            i,
-            lambda k=k: (
-                jnp.einsum("bkqh,bkhs->bkqs", q_BKQH, k, preferred_element_type=jnp.float32)
-                * (H**-0.5)
-            ),
-            _MASKED,
-        )
-        for i, k in enumerate(k_blocks)
+        jnp.einsum("bkqh,bkhs->bkqs", q_BKQH, k, preferred_element_type=jnp.float32)
+        for k in k_blocks
     ]
-    scores_BKQS = scores[0] if len(scores) == 1 else jnp.concatenate(scores, axis=-1)
+    scores_BKQS = (scores[0] if len(scores) == 1 else jnp.concatenate(scores, axis=-1)) * (H**-0.5)
     scores_BKGTS = scores_BKQS.reshape(B, K, G, T, S)
     scores_BKGTS = jnp.where(allowed_BTS[:, None, None], scores_BKGTS, _MASKED)
     probs_BKQS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(q_BTNH.dtype).reshape(B, K, G * T, S)
     attn_BKQH, start = None, 0
-    for i, v in enumerate(v_blocks):
+    for v in v_blocks:
         size = v.shape[2]
         probs = probs_BKQS if len(v_blocks) == 1 else probs_BKQS[..., start : start + size]
-        part = unless_skipped(i, lambda p=probs, v=v: jnp.einsum("bkqs,bksh->bkqh", p, v), 0)
+        part = jnp.einsum("bkqs,bksh->bkqh", probs, v)
         attn_BKQH, start = part if attn_BKQH is None else attn_BKQH + part, start + size
     return attn_BKQH.reshape(B, K, G, T, H).transpose(0, 3, 1, 2, 4).reshape(B, T, N, H)
+
+
+def _attention_over_live_blocks(q_BKQH, k_blocks, v_blocks, allowed_BTS, live_n, G):
+    """Attention over the blocks marked live only: block i is read (`lax.cond`) only where
+    `live_n[i]`, and its slots must then be masked by `allowed_BTS` for every query that counts.
+
+    Each live block gives its scores' maximum, the sum of their exponentials and the values
+    weighted by them; the blocks are joined by their maxima (flash-decoding's merge), so nothing
+    of a step's work (scores, softmax, values) grows with the blocks skipped. A skipped block
+    stands for scores all masked: the maximum `_MASKED`, nothing summed.
+    """
+    B, K, Q, H = q_BKQH.shape
+    T = Q // G
+    parts, start = [], 0
+    for i, (k, v) in enumerate(zip(k_blocks, v_blocks, strict=True)):
+        size = k.shape[3]
+        allowed_BKQs = jnp.broadcast_to(
+            allowed_BTS[:, None, None, :, start : start + size], (B, K, G, T, size)
+        ).reshape(B, K, Q, size)
+
+        def block(k=k, v=v, allowed_BKQs=allowed_BKQs):
+            scores = jnp.einsum("bkqh,bkhs->bkqs", q_BKQH, k, preferred_element_type=jnp.float32)
+            scores = jnp.where(allowed_BKQs, scores * (H**-0.5), _MASKED)
+            peak = jnp.max(scores, axis=-1, keepdims=True)
+            weights = jnp.exp(scores - peak)
+            values = jnp.einsum(
+                "bkqs,bksh->bkqh", weights.astype(v.dtype), v, preferred_element_type=jnp.float32
+            )
+            return peak, jnp.sum(weights, axis=-1, keepdims=True), values
+
+        def skipped():
+            return (
+                jnp.full((B, K, Q, 1), _MASKED, jnp.float32),
+                jnp.zeros((B, K, Q, 1), jnp.float32),
+                jnp.zeros((B, K, Q, H), jnp.float32),
+            )
+
+        parts.append(jax.lax.cond(live_n[i], block, skipped))
+        start += size
+    peak = functools.reduce(jnp.maximum, (p for p, _, _ in parts))
+    scale = [jnp.exp(p - peak) for p, _, _ in parts]
+    total = sum(s * w for s, (_, w, _) in zip(scale, parts, strict=True))
+    values = sum(s * o for s, (_, _, o) in zip(scale, parts, strict=True))
+    return (values / total).astype(q_BKQH.dtype)
 
 
 def cache_slots(entry: jax.Array | tuple[jax.Array, ...], axis: int) -> int:
