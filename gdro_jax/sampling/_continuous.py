@@ -19,10 +19,10 @@ the [R, M] outputs.
 Decode windows. The cache is kept in the static loop's blocks (`window_ends`): the prompts' P slots
 with the ring's first window, then one block per later window of ring slots. A step reads the
 first block and only the later blocks that some active lane has written into since its request
-entered: the others are skipped (`lax.cond` per block and layer, their scores the masked value
-they would have had), so a step's reads follow the span of ring slots its live requests cover,
-not all M. Nothing moves: the ring wraps as before, and the step's key/value goes into the block
-that holds its ring slot.
+entered: the others are skipped (`lax.cond` per block and layer; the blocks read are joined by
+their scores' maxima, `models._decoder._attention_over_live_blocks`), so a step's reads follow
+the span of ring slots its live requests cover, not all M. Nothing moves: the ring wraps as
+before, and the step's key/value goes into the block that holds its ring slot.
 
 Randomness is the static sampler's: request r's token t is drawn with `fold_in(fold_in(key, r), t)`,
 whatever lane it ran in and whenever it entered, so both samplers give the same completions, equal
