@@ -43,12 +43,12 @@ class RolloutConfig:
         tokens sampled (set micro_batch_slots below R for it to pay); static: chunks of
         micro_batch_slots, each decoded until its longest completion stops. The same completions
         up to float rounding.
-      decode_window: the KV cache's block of completion slots, in tokens (0: automatic; both
-        batchings). Static: a decode step reads the blocks up to its own (its live positions
-        rounded up to a window) instead of all P + M. Continuous: a step skips the blocks of the
-        lanes' ring that no active lane has written into since it entered. Automatic: at least
-        128 tokens, at most 8 windows (one window, the whole cache, for M <= 128). The same
-        completions up to float rounding (`sampling.window_ends`).
+      decode_window: the KV cache's block of completion slots, in tokens (0: automatic). Static
+        batching: a decode step reads the blocks up to its own (its live positions rounded up to
+        a window) instead of all P + M. Continuous: a step skips the blocks of the lanes' ring
+        that no active lane has written into since it entered. Automatic: at least 128 tokens,
+        at most 8 windows (one window, the whole cache, for M <= 128). The same completions up
+        to float rounding (`sampling.window_ends`).
       engine: kv_cache (the built-in sampler) or vllm (the vllm extra). vllm is `VLLMEngine`.
       greedy: decode greedily (argmax), log-probs under temperature 1. For checking one engine
         against another; needs grpo.temperature=1.
