@@ -1,4 +1,4 @@
-"""Decode reads what is live: the static loop's windows (`sampling.window_ends`) on a CPU.
+"""Decode reads what is live: the decode windows (`sampling.window_ends`) on a CPU.
 
 Two measurements, one run, on a small Qwen3 shape (random weights, float32: D=256, 2 layers,
 4/2 heads of 64, F=768, V=4096):
@@ -13,8 +13,12 @@ Two measurements, one run, on a small Qwen3 shape (random weights, float32: D=25
            checked), 256 slots of 32 prompts (64-token prompts) in static chunks of 64, with
            windows (automatic, 128 tokens) and with one window of P + M (the sampler before
            windows): the wall-time ratio cap 1,024 / cap 128 of each, median of the repeats.
+           `--batching=continuous`: 64 lanes taking the 256 requests from a queue instead, their
+           ring of completion slots in the same windows (blocks no live request has written
+           into skipped) or in one.
 
 Run:  python -m benchmarks.decode_windows [--repeats=3] [--out=windows.json]
+          [--batching=static|continuous]
 """
 
 from __future__ import annotations
@@ -115,8 +119,9 @@ def _workload(seed: int = 0):
     return prompts, np.repeat(np.arange(32, dtype=np.int32), 8), eos
 
 
-def wall_ratio(model: models.Decoder, repeats: int) -> dict:
-    """Cap 1,024 against cap 128 on completions that all stop within 128 tokens."""
+def wall_ratio(model: models.Decoder, repeats: int, batching: str = "static") -> dict:
+    """Cap 1,024 against cap 128 on completions that all stop within 128 tokens (`batching`:
+    static chunks of 64 slots, or 64 continuous lanes)."""
     prompts, slots, eos = _workload()
 
     def run(cap: int, window: int):
@@ -130,7 +135,7 @@ def wall_ratio(model: models.Decoder, repeats: int) -> dict:
             prompt_bucket=64,
             eos_ids=eos,
             micro_batch_slots=64,
-            batching="static",
+            batching=batching,
             decode_window=window,
         )
         jax.block_until_ready(result.tokens)
@@ -169,9 +174,17 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default=None)
+    parser.add_argument(
+        "--batching", choices=("static", "continuous"), default="static",
+        help="the wall measurement's loop: static chunks of 64 slots or 64 continuous lanes",
+    )  # fmt: skip
     args = parser.parse_args()
     model = models.init_decoder(POLICY, seed=0)
-    results = {"bytes": bytes_per_step(model), "wall": wall_ratio(model, args.repeats)}
+    results = {
+        "bytes": bytes_per_step(model),
+        "batching": args.batching,
+        "wall": wall_ratio(model, args.repeats, args.batching),
+    }
     b = results["bytes"]
     print(
         f"bytes per decode step at live P + M/2 = {b['live_positions']} (64 slots, least "
