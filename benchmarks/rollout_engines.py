@@ -9,8 +9,8 @@ Workloads (each engine gets the same prompts, the same slot map and temperature 
              (the work continuous batching is for). The realised lengths are reported per engine.
   long_tail  the same with up to 1,024 new tokens and a median near 128 (0.54 % per token).
   long_cap   32 prompts x 8 rollouts, 64-token prompts, every completion 512 new tokens (no stop
-             id): where the static loop's decode windows read only the live part of its cache and
-             the continuous loop its whole ring at every step.
+             id): every slot of both loops live to the end, so decode windows save only the
+             early steps, and the static loop decodes all 256 slots a step against 64 lanes.
   step       a whole training step of a chain-task run (`tiny_cpu.py` with this width, 32 prompts
              x 4 rollouts): rollout (with vLLM, the weight sync and the trainer's recomputed
              log-probs included), reward and update.
