@@ -196,11 +196,14 @@ def _generate_continuous(
         active_C = ~lanes.done
         # A later ring block is read when an active lane has written into it since it entered
         # (the other lanes' outputs are dropped); the first block, with the prompts, always.
-        read_CM = written_CS[:, P:] & active_C[:, None]
-        live_n = jnp.stack(
-            [jnp.bool_(True)]
-            + [jnp.any(read_CM[:, a:e]) for a, e in zip(ends[:-1], ends[1:], strict=True)]
-        )
+        # One block: no choice to make, and no cond.
+        live_n = None
+        if len(ends) > 1:
+            read_CM = written_CS[:, P:] & active_C[:, None]
+            live_n = jnp.stack(
+                [jnp.bool_(True)]
+                + [jnp.any(read_CM[:, a:e]) for a, e in zip(ends[:-1], ends[1:], strict=True)]
+            )
         h_C1D, cache = model.extend_cache(
             lanes.last[:, None],
             (lanes.prompt_length + lanes.step - 1)[:, None],
@@ -209,7 +212,7 @@ def _generate_continuous(
             key_mask_BS=prompt_CS | written_CS,
             layers=layers,
             causal_by_slot=False,
-            live_blocks=live_n if len(ends) > 1 else None,  # one block: no cond
+            live_blocks=live_n,
         )
         token_C, logprob_C = draw(model.logits(h_C1D)[:, 0], lanes.request, lanes.step)
         lanes = lanes._replace(cache=cache, iterations=lanes.iterations + 1)

@@ -181,19 +181,21 @@ def _gather(values_RV: jax.Array, index_R: jax.Array) -> jax.Array:
     return jnp.take_along_axis(values_RV, index_R[:, None], axis=-1)[:, 0]
 
 
-# The static loop's decode windows (`window_ends`): the least window, and the most windows.
+# The decode windows (`window_ends`): the least window, and the most windows.
 WINDOW_TOKENS = 128
 MAX_WINDOWS = 8
 
 
 def window_ends(max_new_tokens: int, window: int = 0) -> tuple[int, ...]:
-    """The completion lengths at which the static loop's KV cache grows by a window.
+    """The completion lengths at which the KV cache's blocks end, one block a decode window.
 
-    A decode step reads its whole cache, so the cache holds `P + end` slots while the steps
-    write slots before it, and grows by one window (a copy) when a slot is still running: a
-    step then reads at most a window more than its live positions, not `P + M` whatever the
-    completions' lengths. Each window is a while loop of its own in the program (one
-    compilation per shape still; more windows, a longer compile).
+    Static loop: a decode step reads its whole cache, so the cache holds `P + end` slots while
+    the steps write slots before it, and grows by one window (a copy) when a slot is still
+    running: a step then reads at most a window more than its live positions, not `P + M`
+    whatever the completions' lengths. Each window is a while loop of its own in the program
+    (one compilation per shape still; more windows, a longer compile). Continuous loop: the
+    lanes' ring of completion slots is held in these blocks from the start, and a step skips
+    the blocks no active lane has written into (`_continuous`).
 
     Args:
       max_new_tokens: M.
