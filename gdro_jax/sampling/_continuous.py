@@ -24,6 +24,13 @@ their scores' maxima, `models._decoder._attention_over_live_blocks`), so a step'
 the span of ring slots its live requests cover, not all M. Nothing moves: the ring wraps as
 before, and the step's key/value goes into the block that holds its ring slot.
 
+Halving after the queue. Once the queue is empty, the lanes whose requests stopped would ride
+along until the longest request ends, and a step's cost follows the lanes (on a CPU almost in
+proportion). So whenever at most half the lanes are still active, the loop moves them to the front
+and goes on with half as many (`_lanes_after_queue`: while the count is even, at most
+`MAX_HALVINGS` times, each size one more loop compiled into this program). On a mesh each batch
+shard halves its own lanes, so no cache row changes device.
+
 Randomness is the static sampler's: request r's token t is drawn with `fold_in(fold_in(key, r), t)`,
 whatever lane it ran in and whenever it entered, so both samplers give the same completions, equal
 up to the rounding of matmuls whose kernel depends on the batch's composition (bit for bit on CPU
@@ -37,8 +44,9 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from gdro_jax.models import KVCache, constrain
+from gdro_jax.models import BATCH_AXES, KVCache, constrain
 from gdro_jax.sampling._generate import (
     FinishReason,
     GenerationResult,
@@ -140,7 +148,7 @@ def _generate_continuous(
             ),
         )
 
-    def refill(lanes: _Lanes) -> _Lanes:
+    def enter_requests(lanes: _Lanes) -> _Lanes:
         """Free lanes take the next requests in queue order (lane order among them)."""
         free_C = lanes.done
         entering_C = lanes.next_request + jnp.cumsum(free_C.astype(jnp.int32)) - 1
@@ -185,7 +193,7 @@ def _generate_continuous(
         token_C, logprob_C = draw(logits_NV[prompt_C], request_C, lanes.step)
         return emit(lanes, take_C, token_C, logprob_C)
 
-    def decode(lanes: _Lanes) -> _Lanes:
+    def decode(lanes: _Lanes, refill: bool = True) -> _Lanes:
         # The completion slots P .. S-1 are a ring shared by the lanes: decode step g writes every
         # lane's key/value at slot P + g mod M (one in-place write for the batch), and a lane
         # reads the `step` ring slots its request wrote since it entered (at most M - 1 < M).
@@ -217,14 +225,51 @@ def _generate_continuous(
         token_C, logprob_C = draw(model.logits(h_C1D)[:, 0], lanes.request, lanes.step)
         lanes = lanes._replace(cache=cache, iterations=lanes.iterations + 1)
         lanes = emit(lanes, active_C, token_C, logprob_C)
+        if not refill:
+            return lanes
         can_refill = jnp.any(lanes.done) & (lanes.next_request < R)
-        return jax.lax.cond(can_refill, refill, lambda x: x, lanes)
+        return jax.lax.cond(can_refill, enter_requests, lambda x: x, lanes)
 
-    def busy(lanes: _Lanes) -> jax.Array:
+    # Once the queue is empty the stopped lanes would ride along to the end of the longest
+    # request; instead the lanes halve (each size a loop of its own, compiled into this one
+    # program) whenever at most half of them are active, down to `_lanes_after_queue`. Each batch
+    # shard halves its own lanes, so no lane changes device: shard d holds lanes d * C/n ..
+    # (d + 1) * C/n - 1, and it is the most active lanes of a shard that decide.
+    shards = _batch_shards(model)
+    sizes = _lanes_after_queue(C, shards)
+
+    def busy(lanes: _Lanes, halve_at: int | None = None) -> jax.Array:
         # Every step samples a token of some request, so R x M steps bound the loop: a broken
         # queue then shows in the outputs instead of hanging.
         waiting = jnp.any(~lanes.done) | (lanes.next_request < R)
+        if halve_at is not None:  # the queue is empty, and each shard has few enough active
+            active_n = jnp.sum(~lanes.done.reshape(shards, -1), axis=1)
+            few = (lanes.next_request >= R) & (jnp.max(active_n) <= halve_at // shards)
+            waiting = waiting & ~few
         return waiting & (lanes.iterations < R * M)
+
+    def halve(lanes: _Lanes, size: int) -> _Lanes:
+        """`size` lanes, size/n from each shard: its active ones (at most size/n), then stopped
+        ones, each lane with its cache rows, state and request."""
+        keep_nc = jnp.argsort(lanes.done.reshape(shards, -1), axis=1, stable=True)
+        keep_nc = keep_nc[:, : size // shards]
+
+        def take(a, spec=None):
+            a_n = a.reshape(shards, -1, *a.shape[1:])
+            if spec is not None:  # the shard axis on the batch axes, the rest as the lanes'
+                a_n = constrain(a_n, jax.sharding.PartitionSpec(*spec[:1], None, *spec[1:]),
+                                model.mesh)  # fmt: skip
+            kept = jax.vmap(lambda rows, keep: rows[keep])(a_n, keep_nc)
+            kept = kept.reshape(size, *a.shape[1:])
+            return kept if spec is None else constrain(kept, spec, model.mesh)
+
+        specs = model.sharding
+        cache = KVCache(
+            k=tuple(tuple(take(b, specs.cache_bkhs) for b in bs) for bs in lanes.cache.k),
+            v=tuple(tuple(take(b, specs.cache_bksh) for b in bs) for bs in lanes.cache.v),
+        )
+        per_lane = ("request", "prompt_length", "step", "last", "done")
+        return lanes._replace(cache=cache, **{f: take(getattr(lanes, f)) for f in per_lane})
 
     blocks = [model.init_cache(C, P + ends[0])] + [
         model.init_cache(C, e - a) for a, e in zip(ends[:-1], ends[1:], strict=True)
@@ -246,8 +291,40 @@ def _generate_continuous(
         lengths=jnp.zeros((R,), jnp.int32),
         finish_reasons=jnp.full((R,), int(FinishReason.LENGTH), jnp.int32),
     )
-    lanes = jax.lax.while_loop(busy, decode, refill(lanes))
+    halve_at = sizes[0] if sizes else None
+    lanes = jax.lax.while_loop(lambda x: busy(x, halve_at), decode, enter_requests(lanes))
+    for i, size in enumerate(sizes):
+        # The queue is empty: no refill, and no more than `size` lanes still active.
+        halve_at = sizes[i + 1] if i + 1 < len(sizes) else None
+        lanes = jax.lax.while_loop(
+            lambda x, h=halve_at: busy(x, h), functools.partial(decode, refill=False),
+            halve(lanes, size),
+        )  # fmt: skip
     outputs = _slots_on_batch(
         model, (lanes.tokens, lanes.logprobs, lanes.lengths, lanes.finish_reasons)
     )
     return _result(outputs, prompts, prompt_of_slot_R)
+
+
+# The most times the lanes halve once the queue is empty: each halving is one more copy of the
+# decode step in the program (compile time) for steps whose cost follows the lanes (CPU: about
+# 0.5 ms at 1 lane, 1.0 at 8, 5.4 at 64 on the engines benchmark's model).
+MAX_HALVINGS = 4
+
+
+def _batch_shards(model) -> int:
+    """Devices the lanes are split over (the mesh's batch axes); 1 without a mesh."""
+    if model.mesh is None:
+        return 1
+    shape = dict(model.mesh.shape)
+    return int(np.prod([shape.get(axis, 1) for axis in BATCH_AXES]))
+
+
+def _lanes_after_queue(lanes: int, shards: int) -> list[int]:
+    """The lane counts the loop halves to once the queue is empty: while even, at most
+    `MAX_HALVINGS` times, and never below one lane per batch shard (so the lanes stay split)."""
+    sizes = []
+    while len(sizes) < MAX_HALVINGS and lanes % 2 == 0 and (lanes // 2) % shards == 0:
+        lanes //= 2
+        sizes.append(lanes)
+    return sizes

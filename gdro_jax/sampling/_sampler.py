@@ -74,9 +74,10 @@ def generate(
       batching: how the R slots share the C decode slots. "continuous" (the default): the R
         slots are a queue of requests, and a decode slot whose request stops takes the next one
         at once, so the decode steps follow the tokens sampled (pays with C < R and uneven
-        lengths). "static": the slots are decoded in chunks of C (a `lax.map` inside the same
-        compiled function, the last chunk padded), each chunk until its longest completion
-        stops. Same completions either way, up to float rounding (see the module docstrings).
+        lengths); once the queue is empty, the lanes halve whenever at most half are active.
+        "static": the slots are decoded in chunks of C (a `lax.map` inside the same compiled
+        function, the last chunk padded), each chunk until its longest completion stops. Same
+        completions either way, up to float rounding (see the module docstrings).
       decode_window: the completion slots of the KV cache in blocks of this many tokens
         (`window_ends`; 0: at least 128 tokens and at most 8 blocks), so a decode step reads
         what is live, not all P + M. Static batching: the cache grows a block at a time and a

@@ -9,7 +9,7 @@ import pytest
 
 from gdro_jax import models
 from gdro_jax.sampling import FinishReason, generate
-from gdro_jax.sampling._continuous import _generate_continuous
+from gdro_jax.sampling._continuous import _generate_continuous, _lanes_after_queue
 from tests.sampling._reference import (
     BUCKET,
     CONFIG,
@@ -61,6 +61,49 @@ def test_a_queue_of_requests_gives_each_its_own_completion(model, static, lanes,
     after_end = np.arange(M)[None, :] >= lengths[:, None]
     assert np.all(np.asarray(got.tokens)[after_end] == 0)
     assert np.all(np.asarray(got.logprobs)[after_end] == 0)
+
+
+def _lanes_active_after_the_queue(lengths, lanes: int) -> list[int]:
+    """The active lanes at each decode step after the queue empties, simulated from the requests'
+    lengths: requests enter free lanes in order, a request's first token comes as it enters, and
+    a lane freed by a stop takes the next request before the following step."""
+    queue, remaining, counts = list(lengths), [0] * lanes, []
+    while True:
+        for lane in range(lanes):
+            if remaining[lane] == 0 and queue:
+                remaining[lane] = queue.pop(0) - 1  # its first token drawn as it enters
+        active = sum(r > 0 for r in remaining)
+        if active == 0 and not queue:
+            return counts
+        if not queue:
+            counts.append(active)
+        remaining = [max(r - 1, 0) for r in remaining]
+
+
+def test_the_lanes_halve_after_the_queue_and_each_request_keeps_its_completion(model):
+    # 16 lanes for 24 requests of up to 24 tokens, 7 stop ids in 64: once the queue is empty the
+    # loop halves to 8, 4, 2 and 1 lanes, with tokens still to sample at each size.
+    assert _lanes_after_queue(16, 1) == [8, 4, 2, 1]
+    kwargs = dict(
+        key=jax.random.key(3), max_new_tokens=24, eos_ids=tuple(range(1, 8)),
+        prompt_of_slot=SLOTS, prompt_bucket=BUCKET,
+    )  # fmt: skip
+    want = generate(model, PROMPTS, batching="static", **kwargs)
+    got = generate(model, PROMPTS, micro_batch_slots=16, batching="continuous", **kwargs)
+    _assert_equal_up_to_rounding(got, want)
+    active = _lanes_active_after_the_queue(np.asarray(got.lengths).tolist(), 16)
+    # This workload decodes at every size: steps with 5-8, 3-4, 2 and 1 lanes active.
+    for low, high in ((5, 8), (3, 4), (2, 2), (1, 1)):
+        assert any(low <= n <= high for n in active), (low, high, active)
+
+
+@pytest.mark.parametrize(
+    "lanes, shards, sizes",
+    [(64, 1, [32, 16, 8, 4]), (64, 8, [32, 16, 8]), (24, 8, []), (48, 4, [24, 12]),
+     (5, 1, []), (8, 1, [4, 2, 1]), (128, 8, [64, 32, 16, 8])],
+)  # fmt: skip
+def test_the_lanes_halve_at_most_four_times_and_stay_split_over_the_shards(lanes, shards, sizes):
+    assert _lanes_after_queue(lanes, shards) == sizes
 
 
 @pytest.mark.parametrize("top_p", [1.0, 0.9])

@@ -15,7 +15,7 @@ from gdro_jax.models import (
     parameter_shardings,
 )
 from gdro_jax.sampling import _generate, generate
-from gdro_jax.sampling._continuous import _generate_continuous
+from gdro_jax.sampling._continuous import _generate_continuous, _lanes_after_queue
 from tests.models.hf_helpers import make_hf_model, random_prompts
 
 PROMPTS = random_prompts((9, 4, 6, 1), seed=6)
@@ -60,6 +60,26 @@ def test_sharded_sampling_equals_single_device(
     np.testing.assert_array_equal(
         np.asarray(result.finish_reasons), np.asarray(expected.finish_reasons)
     )
+    np.testing.assert_allclose(
+        np.asarray(result.logprobs), np.asarray(expected.logprobs), atol=1e-5
+    )
+
+
+def test_sharded_lanes_halve_within_their_shards(models):
+    # 8 lanes over 4 batch shards for 16 requests with frequent stops: once the queue is empty
+    # each shard halves its own 2 lanes to 1 when at most one of them is active.
+    single, sharded = models
+    kwargs = dict(
+        key=jax.random.key(1), max_new_tokens=16, prompt_of_slot=np.tile(SLOTS, 2),
+        prompt_bucket=16, eos_ids=list(range(1, 12)), micro_batch_slots=8,
+    )  # fmt: skip
+    assert _lanes_after_queue(8, 4) == [4]
+    expected = generate(single, PROMPTS, **kwargs)
+    result = generate(sharded, PROMPTS, **kwargs)
+    lengths = np.asarray(expected.lengths)
+    assert lengths.min() < 4 and lengths.max() == 16, lengths
+    np.testing.assert_array_equal(np.asarray(result.tokens), np.asarray(expected.tokens))
+    np.testing.assert_array_equal(np.asarray(result.lengths), lengths)
     np.testing.assert_allclose(
         np.asarray(result.logprobs), np.asarray(expected.logprobs), atol=1e-5
     )
