@@ -49,6 +49,11 @@ def paper_config(size: str) -> ml_collections.ConfigDict:
     # experiments.plan), and a decode step skips the ring's blocks no live request has written
     # into. --config.rollout.batching=static takes chunks of 128 slots instead (44.7 GiB, 71.9).
     config.rollout.batching = "continuous"
+    # No halving of the lanes after the queue: each halving is one more decode loop to compile
+    # (the Qwen3-8B plan took 5:10 with four against 1:18-1:34 with none, and with one its other
+    # rollout buffers grew to 50.0 GiB), and on a chip a step's cost follows the weights read
+    # more than the lanes.
+    config.rollout.lane_halvings = 0
     config.task_kind = "math"
     config.math.update(
         preset="dapo_math_en",

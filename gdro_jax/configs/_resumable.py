@@ -28,6 +28,7 @@ RESUMABLE_FIELDS = (
     "rollout.micro_batch_slots",
     "rollout.batching",  # the same completions, up to float rounding
     "rollout.decode_window",  # likewise
+    "rollout.lane_halvings",  # likewise
     # How vLLM holds and schedules the work, not what it samples.
     "rollout.vllm.gpu_memory_utilization",
     "rollout.vllm.cpu_kvcache_space_gib",

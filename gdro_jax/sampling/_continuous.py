@@ -28,7 +28,8 @@ Halving after the queue. Once the queue is empty, the lanes whose requests stopp
 along until the longest request ends, and a step's cost follows the lanes (on a CPU almost in
 proportion). So whenever at most half the lanes are still active, the loop moves them to the front
 and goes on with half as many (`_lanes_after_queue`: while the count is even, at most
-`MAX_HALVINGS` times, each size one more loop compiled into this program). On a mesh each batch
+`lane_halvings` times, each size one more loop compiled into this program: on the engines
+benchmark's CPU a step costs about 0.5 ms at 1 lane, 1.0 at 8 and 5.4 at 64). On a mesh each batch
 shard halves its own lanes, so no cache row changes device.
 
 Randomness is the static sampler's: request r's token t is drawn with `fold_in(fold_in(key, r), t)`,
@@ -87,6 +88,7 @@ class _Lanes(NamedTuple):
         "pad_id",
         "decode_slots",
         "decode_window",
+        "lane_halvings",
     ),
 )
 def _generate_continuous(
@@ -107,6 +109,7 @@ def _generate_continuous(
     pad_id: int,
     decode_slots: int,
     decode_window: int = 0,
+    lane_halvings: int = 4,
 ) -> GenerationResult:
     model, sample, prompts = _set_up(
         graphdef, state, tokens_NP, lengths_N, pad_id=pad_id, temperature=temperature,
@@ -236,7 +239,7 @@ def _generate_continuous(
     # shard halves its own lanes, so no lane changes device: shard d holds lanes d * C/n ..
     # (d + 1) * C/n - 1, and it is the most active lanes of a shard that decide.
     shards = _batch_shards(model)
-    sizes = _lanes_after_queue(C, shards)
+    sizes = _lanes_after_queue(C, shards, lane_halvings)
 
     def busy(lanes: _Lanes, halve_at: int | None = None) -> jax.Array:
         # Every step samples a token of some request, so R x M steps bound the loop: a broken
@@ -306,12 +309,6 @@ def _generate_continuous(
     return _result(outputs, prompts, prompt_of_slot_R)
 
 
-# The most times the lanes halve once the queue is empty: each halving is one more copy of the
-# decode step in the program (compile time) for steps whose cost follows the lanes (CPU: about
-# 0.5 ms at 1 lane, 1.0 at 8, 5.4 at 64 on the engines benchmark's model).
-MAX_HALVINGS = 4
-
-
 def _batch_shards(model) -> int:
     """Devices the lanes are split over (the mesh's batch axes); 1 without a mesh."""
     if model.mesh is None:
@@ -320,11 +317,11 @@ def _batch_shards(model) -> int:
     return int(np.prod([shape.get(axis, 1) for axis in BATCH_AXES]))
 
 
-def _lanes_after_queue(lanes: int, shards: int) -> list[int]:
-    """The lane counts the loop halves to once the queue is empty: while even, at most
-    `MAX_HALVINGS` times, and never below one lane per batch shard (so the lanes stay split)."""
+def _lanes_after_queue(lanes: int, shards: int, halvings: int) -> list[int]:
+    """The lane counts the loop halves to once the queue is empty: while even, at most `halvings`
+    times, and never below one lane per batch shard (so the lanes stay split)."""
     sizes = []
-    while len(sizes) < MAX_HALVINGS and lanes % 2 == 0 and (lanes // 2) % shards == 0:
+    while len(sizes) < halvings and lanes % 2 == 0 and (lanes // 2) % shards == 0:
         lanes //= 2
         sizes.append(lanes)
     return sizes

@@ -39,6 +39,7 @@ def generate(
     micro_batch_slots: int | None = None,
     batching: str = "continuous",
     decode_window: int = 0,
+    lane_halvings: int = 4,
 ) -> GenerationResult:
     """Samples completions of a batch of prompts with a KV cache, in one compiled loop.
 
@@ -85,6 +86,9 @@ def generate(
         loop). Continuous: the lanes' ring of completion slots is in blocks, and a step skips
         (`lax.cond`) the blocks no active lane has written into since it entered. The same
         completions up to float rounding; M: one block, every slot read at every step.
+      lane_halvings: continuous batching, once the queue is empty: the most times the decode
+        slots halve, whenever at most half of them are active (while C is even, and on a mesh
+        while every batch shard keeps a slot). Each is one more decode loop in the program.
 
     Returns:
       GenerationResult with tokens/logprobs [R, M], lengths and finish reasons [R], and each
@@ -108,6 +112,8 @@ def generate(
         raise ValueError(
             f"decode_window must be an int >= 0 (0: automatic), got decode_window={decode_window!r}"
         )
+    if isinstance(lane_halvings, bool) or not isinstance(lane_halvings, int) or lane_halvings < 0:
+        raise ValueError(f"lane_halvings must be an int >= 0, got lane_halvings={lane_halvings!r}")
     if micro_batch_slots is not None and (
         isinstance(micro_batch_slots, bool)
         or not isinstance(micro_batch_slots, int)
@@ -174,8 +180,9 @@ def generate(
     slots = min(micro_batch_slots or num_slots, num_slots)
     if batching == "continuous" and share_prefill:
         return _generate_continuous(
-            *arrays, **static, decode_slots=slots, decode_window=decode_window
-        )
+            *arrays, **static, decode_slots=slots, decode_window=decode_window,
+            lane_halvings=lane_halvings,
+        )  # fmt: skip
     return _generate(
         *arrays,
         **static,

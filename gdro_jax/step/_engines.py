@@ -49,6 +49,9 @@ class RolloutConfig:
         that no active lane has written into since it entered. Automatic: at least 128 tokens,
         at most 8 windows (one window, the whole cache, for M <= 128). The same completions up
         to float rounding (`sampling.window_ends`).
+      lane_halvings: continuous batching: slot halvings once the queue is empty. The decode
+        slots halve (at most this many times) whenever at most half are active; each halving is
+        one more decode loop to compile.
       engine: kv_cache (the built-in sampler) or vllm (the vllm extra). vllm is `VLLMEngine`.
       greedy: decode greedily (argmax), log-probs under temperature 1. For checking one engine
         against another; needs grpo.temperature=1.
@@ -63,6 +66,7 @@ class RolloutConfig:
     micro_batch_slots: int | None = None
     batching: str = "continuous"
     decode_window: int = 0
+    lane_halvings: int = 4
     engine: str = "kv_cache"
     greedy: bool = False
     logprobs_from: str = "trainer"
@@ -90,6 +94,14 @@ class RolloutConfig:
             raise ValueError(
                 "decode_window must be an int >= 0 (0: automatic), got "
                 f"decode_window={self.decode_window!r}"
+            )
+        if (
+            isinstance(self.lane_halvings, bool)
+            or not isinstance(self.lane_halvings, int)
+            or self.lane_halvings < 0
+        ):
+            raise ValueError(
+                f"lane_halvings must be an int >= 0, got lane_halvings={self.lane_halvings!r}"
             )
         if not isinstance(self.greedy, bool):
             raise ValueError(f"greedy must be True or False, got greedy={self.greedy!r}")
@@ -127,6 +139,7 @@ def sample_rollouts(
     micro_batch_slots: int | None = None,
     batching: str = "continuous",
     decode_window: int = 0,
+    lane_halvings: int = 4,
 ) -> Rollouts:
     """Samples `R = len(plan.prompt_of_slot)` completions; rewards are scored afterwards.
 
@@ -145,6 +158,7 @@ def sample_rollouts(
         way, up to float rounding (see `gdro_jax.sampling.generate`).
       batching: continuous or static (`RolloutConfig.batching`).
       decode_window: the KV cache's decode window (`RolloutConfig.decode_window`).
+      lane_halvings: continuous batching's halvings (`RolloutConfig.lane_halvings`).
 
     Returns:
       The `Rollouts` with rewards 0 and correct False: the run's reward phase fills them in
@@ -163,6 +177,7 @@ def sample_rollouts(
         micro_batch_slots=micro_batch_slots,
         batching=batching,
         decode_window=decode_window,
+        lane_halvings=lane_halvings,
     )
     num_slots = result.lengths.shape[0]
     return Rollouts(
@@ -219,7 +234,8 @@ class KVCacheEngine:
       micro_batch_slots: slots decoded at a time (`config.rollout.micro_batch_slots`); None or 0:
         all R at once.
       batching: continuous or static (`config.rollout.batching`).
-      decode_window: static batching's decode window (`config.rollout.decode_window`).
+      decode_window: the KV cache's decode window (`config.rollout.decode_window`).
+      lane_halvings: continuous batching's halvings (`config.rollout.lane_halvings`).
     """
 
     def __init__(
@@ -232,6 +248,7 @@ class KVCacheEngine:
         micro_batch_slots: int | None = None,
         batching: str = "continuous",
         decode_window: int = 0,
+        lane_halvings: int = 4,
     ):
         self.graphdef = graphdef
         self.max_new_tokens = max_new_tokens
@@ -240,6 +257,7 @@ class KVCacheEngine:
         self.micro_batch_slots = micro_batch_slots
         self.batching = batching
         self.decode_window = decode_window
+        self.lane_halvings = lane_halvings
 
     def generate(self, params, plan, prompt_tokens_NP, prompt_lengths_N, key) -> Rollouts:
         """`sample_rollouts` with this engine's settings (pure JAX: traceable inside jit)."""
@@ -256,6 +274,7 @@ class KVCacheEngine:
             micro_batch_slots=self.micro_batch_slots,
             batching=self.batching,
             decode_window=self.decode_window,
+            lane_halvings=self.lane_halvings,
         )
 
     def sync_weights(self, params: nnx.State) -> None:

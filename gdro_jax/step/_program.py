@@ -244,6 +244,7 @@ class StepProgram:
             micro_batch_slots=self.rollout.micro_batch_slots,
             batching=self.rollout.batching,
             decode_window=self.rollout.decode_window,
+            lane_halvings=self.rollout.lane_halvings,
         )
 
     def rollout_function(

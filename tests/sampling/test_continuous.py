@@ -83,7 +83,7 @@ def _lanes_active_after_the_queue(lengths, lanes: int) -> list[int]:
 def test_the_lanes_halve_after_the_queue_and_each_request_keeps_its_completion(model):
     # 16 lanes for 24 requests of up to 24 tokens, 7 stop ids in 64: once the queue is empty the
     # loop halves to 8, 4, 2 and 1 lanes, with tokens still to sample at each size.
-    assert _lanes_after_queue(16, 1) == [8, 4, 2, 1]
+    assert _lanes_after_queue(16, 1, 4) == [8, 4, 2, 1]
     kwargs = dict(
         key=jax.random.key(3), max_new_tokens=24, eos_ids=tuple(range(1, 8)),
         prompt_of_slot=SLOTS, prompt_bucket=BUCKET,
@@ -98,12 +98,23 @@ def test_the_lanes_halve_after_the_queue_and_each_request_keeps_its_completion(m
 
 
 @pytest.mark.parametrize(
-    "lanes, shards, sizes",
-    [(64, 1, [32, 16, 8, 4]), (64, 8, [32, 16, 8]), (24, 8, []), (48, 4, [24, 12]),
-     (5, 1, []), (8, 1, [4, 2, 1]), (128, 8, [64, 32, 16, 8])],
+    "lanes, shards, halvings, sizes",
+    [(64, 1, 4, [32, 16, 8, 4]), (64, 8, 4, [32, 16, 8]), (24, 8, 4, []), (48, 4, 4, [24, 12]),
+     (5, 1, 4, []), (8, 1, 4, [4, 2, 1]), (128, 8, 4, [64, 32, 16, 8]), (128, 8, 1, [64]),
+     (64, 1, 0, [])],
 )  # fmt: skip
-def test_the_lanes_halve_at_most_four_times_and_stay_split_over_the_shards(lanes, shards, sizes):
-    assert _lanes_after_queue(lanes, shards) == sizes
+def test_the_lanes_halve_while_even_at_most_lane_halvings_times_over_the_shards(
+    lanes, shards, halvings, sizes
+):
+    assert _lanes_after_queue(lanes, shards, halvings) == sizes
+
+
+def test_lane_halvings_is_validated(model):
+    for bad in (-1, 1.5, True):
+        with pytest.raises(
+            ValueError, match=f"lane_halvings must be an int >= 0, got lane_halvings={bad}"
+        ):
+            sample(model, 5, batching="continuous", lane_halvings=bad)
 
 
 @pytest.mark.parametrize("top_p", [1.0, 0.9])

@@ -73,7 +73,7 @@ def test_sharded_lanes_halve_within_their_shards(models):
         key=jax.random.key(1), max_new_tokens=16, prompt_of_slot=np.tile(SLOTS, 2),
         prompt_bucket=16, eos_ids=list(range(1, 12)), micro_batch_slots=8,
     )  # fmt: skip
-    assert _lanes_after_queue(8, 4) == [4]
+    assert _lanes_after_queue(8, 4, 4) == [4]
     expected = generate(single, PROMPTS, **kwargs)
     result = generate(sharded, PROMPTS, **kwargs)
     lengths = np.asarray(expected.lengths)

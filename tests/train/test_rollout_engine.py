@@ -171,6 +171,7 @@ def test_the_rollout_block_is_optional_and_resumable():
         ({"rollout.engine": "sglang"}, "engine must be one of kv_cache, vllm, got engine='sglang'"),
         ({"rollout.logprobs_from": "both"}, "logprobs_from must be one of trainer, engine"),
         ({"rollout.tis_cap": 0.5}, "tis_cap must be >= 1"),
+        ({"rollout.lane_halvings": -1}, "lane_halvings must be an int >= 0, got lane_halvings=-1"),
         ({"rollout.greedy": True, "grpo.temperature": 0.7}, "set config.grpo.temperature=1.0"),
         ({"rollout.vllm.dtype": "int8"}, "config.rollout.vllm.dtype must be one of auto"),
         ({"rollout.vllm.max_num_seqs": 0}, "config.rollout.vllm.max_num_seqs must be a positive"),
