@@ -1,6 +1,7 @@
 """The jitted KV-cache sampler, the matching per-token log-probabilities, and sequences packed
 into fixed-length rows for the trainer's forward passes."""
 
+from gdro_jax.sampling._continuous import LANE_HALVINGS
 from gdro_jax.sampling._generate import (
     FinishReason,
     GenerationResult,
@@ -24,6 +25,7 @@ __all__ = [
     "BATCHING",
     "FinishReason",
     "GenerationResult",
+    "LANE_HALVINGS",
     "PackedRows",
     "completion_logprobs",
     "generate",

@@ -45,9 +45,8 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from gdro_jax.models import BATCH_AXES, KVCache, constrain
+from gdro_jax.models import KVCache, constrain, mesh_shape
 from gdro_jax.sampling._generate import (
     FinishReason,
     GenerationResult,
@@ -58,6 +57,9 @@ from gdro_jax.sampling._generate import (
     _slots_on_batch,
     window_ends,
 )
+
+# The default most times the lanes halve once the queue is empty (`generate`'s lane_halvings).
+LANE_HALVINGS = 4
 
 
 class _Lanes(NamedTuple):
@@ -109,7 +111,7 @@ def _generate_continuous(
     pad_id: int,
     decode_slots: int,
     decode_window: int = 0,
-    lane_halvings: int = 4,
+    lane_halvings: int = LANE_HALVINGS,
 ) -> GenerationResult:
     model, sample, prompts = _set_up(
         graphdef, state, tokens_NP, lengths_N, pad_id=pad_id, temperature=temperature,
@@ -233,12 +235,10 @@ def _generate_continuous(
         can_refill = jnp.any(lanes.done) & (lanes.next_request < R)
         return jax.lax.cond(can_refill, enter_requests, lambda x: x, lanes)
 
-    # Once the queue is empty the stopped lanes would ride along to the end of the longest
-    # request; instead the lanes halve (each size a loop of its own, compiled into this one
-    # program) whenever at most half of them are active, down to `_lanes_after_queue`. Each batch
-    # shard halves its own lanes, so no lane changes device: shard d holds lanes d * C/n ..
-    # (d + 1) * C/n - 1, and it is the most active lanes of a shard that decide.
-    shards = _batch_shards(model)
+    # Halving after the queue (module docstring): shard d of the mesh's batch axes holds lanes
+    # d * C/n .. (d + 1) * C/n - 1, and the shard with the most active lanes decides.
+    data, fsdp, _ = mesh_shape(model.mesh)
+    shards = data * fsdp
     sizes = _lanes_after_queue(C, shards, lane_halvings)
 
     def busy(lanes: _Lanes, halve_at: int | None = None) -> jax.Array:
@@ -307,14 +307,6 @@ def _generate_continuous(
         model, (lanes.tokens, lanes.logprobs, lanes.lengths, lanes.finish_reasons)
     )
     return _result(outputs, prompts, prompt_of_slot_R)
-
-
-def _batch_shards(model) -> int:
-    """Devices the lanes are split over (the mesh's batch axes); 1 without a mesh."""
-    if model.mesh is None:
-        return 1
-    shape = dict(model.mesh.shape)
-    return int(np.prod([shape.get(axis, 1) for axis in BATCH_AXES]))
 
 
 def _lanes_after_queue(lanes: int, shards: int, halvings: int) -> list[int]:

@@ -11,10 +11,16 @@ import numpy as np
 from flax import nnx
 
 from gdro_jax.models import Decoder
-from gdro_jax.sampling._continuous import _generate_continuous
+from gdro_jax.sampling._continuous import LANE_HALVINGS, _generate_continuous
 from gdro_jax.sampling._generate import GenerationResult, _generate
 
 BATCHING = ("continuous", "static")
+
+
+def _check_count(name: str, value, meaning: str = "") -> None:
+    """Raises ValueError naming `name` unless `value` is an int >= 0 (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an int >= 0{meaning}, got {name}={value!r}")
 
 
 def _bucket(length: int, multiple: int) -> int:
@@ -39,7 +45,7 @@ def generate(
     micro_batch_slots: int | None = None,
     batching: str = "continuous",
     decode_window: int = 0,
-    lane_halvings: int = 4,
+    lane_halvings: int = LANE_HALVINGS,
 ) -> GenerationResult:
     """Samples completions of a batch of prompts with a KV cache, in one compiled loop.
 
@@ -108,12 +114,8 @@ def generate(
         raise ValueError(f"top_k must be an int in [0, vocab_size={vocab}], got {top_k!r}")
     if not isinstance(prompt_bucket, int) or prompt_bucket < 1:
         raise ValueError(f"prompt_bucket must be a positive int, got {prompt_bucket!r}")
-    if isinstance(decode_window, bool) or not isinstance(decode_window, int) or decode_window < 0:
-        raise ValueError(
-            f"decode_window must be an int >= 0 (0: automatic), got decode_window={decode_window!r}"
-        )
-    if isinstance(lane_halvings, bool) or not isinstance(lane_halvings, int) or lane_halvings < 0:
-        raise ValueError(f"lane_halvings must be an int >= 0, got lane_halvings={lane_halvings!r}")
+    _check_count("decode_window", decode_window, " (0: automatic)")
+    _check_count("lane_halvings", lane_halvings)
     if micro_batch_slots is not None and (
         isinstance(micro_batch_slots, bool)
         or not isinstance(micro_batch_slots, int)

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from gdro_jax.controllers import Plan
-from gdro_jax.sampling import BATCHING, generate
+from gdro_jax.sampling import BATCHING, LANE_HALVINGS, generate
 
 ENGINES = ("kv_cache", "vllm")
 LOGPROBS_FROM = ("trainer", "engine")
@@ -66,7 +66,7 @@ class RolloutConfig:
     micro_batch_slots: int | None = None
     batching: str = "continuous"
     decode_window: int = 0
-    lane_halvings: int = 4
+    lane_halvings: int = LANE_HALVINGS
     engine: str = "kv_cache"
     greedy: bool = False
     logprobs_from: str = "trainer"
@@ -86,23 +86,10 @@ class RolloutConfig:
                 f"logprobs_from must be one of {', '.join(LOGPROBS_FROM)}, got "
                 f"logprobs_from={self.logprobs_from!r}"
             )
-        if (
-            isinstance(self.decode_window, bool)
-            or not isinstance(self.decode_window, int)
-            or self.decode_window < 0
-        ):
-            raise ValueError(
-                "decode_window must be an int >= 0 (0: automatic), got "
-                f"decode_window={self.decode_window!r}"
-            )
-        if (
-            isinstance(self.lane_halvings, bool)
-            or not isinstance(self.lane_halvings, int)
-            or self.lane_halvings < 0
-        ):
-            raise ValueError(
-                f"lane_halvings must be an int >= 0, got lane_halvings={self.lane_halvings!r}"
-            )
+        for name, meaning in (("decode_window", " (0: automatic)"), ("lane_halvings", "")):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0{meaning}, got {name}={value!r}")
         if not isinstance(self.greedy, bool):
             raise ValueError(f"greedy must be True or False, got greedy={self.greedy!r}")
         if not float(self.tis_cap) >= 1:
@@ -139,7 +126,7 @@ def sample_rollouts(
     micro_batch_slots: int | None = None,
     batching: str = "continuous",
     decode_window: int = 0,
-    lane_halvings: int = 4,
+    lane_halvings: int = LANE_HALVINGS,
 ) -> Rollouts:
     """Samples `R = len(plan.prompt_of_slot)` completions; rewards are scored afterwards.
 
@@ -248,7 +235,7 @@ class KVCacheEngine:
         micro_batch_slots: int | None = None,
         batching: str = "continuous",
         decode_window: int = 0,
-        lane_halvings: int = 4,
+        lane_halvings: int = LANE_HALVINGS,
     ):
         self.graphdef = graphdef
         self.max_new_tokens = max_new_tokens
