@@ -5,9 +5,11 @@ Two measurements, one run, on a small Qwen3 shape (random weights, float32: D=25
 
   bytes    XLA's cost analysis ("bytes accessed") of one compiled decode step of 64 slots
            (forward through the KV cache, the output projection, the token draw), P = 256 and
-           M = 512, at a live length of P + M/2: the step over the window that holds it, and
-           the step over the whole P + M cache (the sampler before windows), each against the
-           least bytes a step must read (the weights once plus the live keys and values).
+           M = 512, at a live length of P + M/2: the step over the windows that hold it (the
+           last step of a window), the step after it (the first of the next window, which
+           reads that window whole), and the step over the whole P + M cache (the sampler
+           before windows), each against the least bytes a step must read (the weights once
+           plus its live keys and values).
   wall     the same completions sampled with a cap of 1,024 tokens and of 128 (stop ids that a
            random policy draws often enough that every completion stops within 128 tokens;
            checked), 256 slots of 32 prompts (64-token prompts) in static chunks of 64, with
@@ -18,7 +20,7 @@ Two measurements, one run, on a small Qwen3 shape (random weights, float32: D=25
            into skipped) or in one.
 
 Run:  python -m benchmarks.decode_windows [--repeats=3] [--out=windows.json]
-          [--batching=static|continuous]
+          [--batching=static|continuous] [--no-wall]
 """
 
 from __future__ import annotations
@@ -84,30 +86,44 @@ def _step_cost(model: models.Decoder, slots: int, blocks: tuple[int, ...]) -> fl
 
 
 def bytes_per_step(model: models.Decoder) -> dict:
-    """The decode step's bytes at live length P + M/2: over the sampler's blocks up to its
-    window, and over one P + M cache (the sampler before windows)."""
+    """The decode step's bytes at live length P + M/2, against the least, over the sampler's
+    blocks and over one P + M cache (the sampler before windows).
+
+    Step t writes completion slot t - 1 and reads P + t positions. Step M/2 reads the live
+    P + M/2, the last step of its window here (M/2 is a window's end): its blocks hold exactly
+    what is live. Step M/2 + 1 is the first of the next window, whose block it reads whole:
+    a window's worst rounding. Each is set against its own least bytes.
+    """
     config = model.config
     itemsize = jnp.dtype(config.compute_dtype).itemsize
     weights = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param))) * itemsize
-    live = STEP_PROMPT + STEP_NEW // 2
     per_position = 2 * config.num_layers * config.num_kv_heads * config.head_dim * itemsize
-    least = weights + STEP_SLOTS * live * per_position
     ends = window_ends(STEP_NEW)
-    index = next(i for i, end in enumerate(ends) if end >= STEP_NEW // 2 + 1)  # step M/2 + 1
-    later = zip(ends[:index], ends[1 : index + 1], strict=True)
-    blocks = (STEP_PROMPT + ends[0], *(b - a for a, b in later))
     out = {
         "slots": STEP_SLOTS,
         "prompt": STEP_PROMPT,
         "max_new_tokens": STEP_NEW,
-        "live_positions": live,
-        "least_bytes": least,
         "weights_bytes": weights,
     }
-    for name, sizes in (("window", blocks), ("whole", (STEP_PROMPT + STEP_NEW,))):
-        accessed = _step_cost(model, STEP_SLOTS, sizes)
-        out[name] = {"cache_slots": sum(sizes), "blocks": list(sizes), "bytes": accessed}
-        out[name]["over_least"] = accessed / least
+    steps = {"window": STEP_NEW // 2, "window_opened": STEP_NEW // 2 + 1, "whole": STEP_NEW // 2}
+    for name, t in steps.items():
+        if name == "whole":
+            blocks = (STEP_PROMPT + STEP_NEW,)
+        else:
+            index = next(i for i, end in enumerate(ends) if end >= t)
+            later = zip(ends[:index], ends[1 : index + 1], strict=True)
+            blocks = (STEP_PROMPT + ends[0], *(b - a for a, b in later))
+        least = weights + STEP_SLOTS * (STEP_PROMPT + t) * per_position
+        accessed = _step_cost(model, STEP_SLOTS, blocks)
+        out[name] = {
+            "step": t,
+            "live_positions": STEP_PROMPT + t,
+            "least_bytes": least,
+            "cache_slots": sum(blocks),
+            "blocks": list(blocks),
+            "bytes": accessed,
+            "over_least": accessed / least,
+        }
     return out
 
 
@@ -178,20 +194,24 @@ def main():
         "--batching", choices=("static", "continuous"), default="static",
         help="the wall measurement's loop: static chunks of 64 slots or 64 continuous lanes",
     )  # fmt: skip
+    parser.add_argument("--no-wall", action="store_true", help="the bytes per step only")
     args = parser.parse_args()
     model = models.init_decoder(POLICY, seed=0)
     results = {
         "bytes": bytes_per_step(model),
         "batching": args.batching,
-        "wall": wall_ratio(model, args.repeats, args.batching),
+        "wall": None if args.no_wall else wall_ratio(model, args.repeats, args.batching),
     }
-    b = results["bytes"]
-    print(
-        f"bytes per decode step at live P + M/2 = {b['live_positions']} (64 slots, least "
-        f"{b['least_bytes'] / 2**20:.1f} MiB): window of {b['window']['cache_slots']} slots "
-        f"{b['window']['over_least']:.2f}x least; whole P + M = {b['whole']['cache_slots']} "
-        f"{b['whole']['over_least']:.2f}x"
-    )
+    for name, b in results["bytes"].items():
+        if isinstance(b, dict):
+            print(
+                f"bytes per decode step, {name}: step {b['step']}, live {b['live_positions']} "
+                f"of {STEP_SLOTS} slots, cache "
+                f"{b['cache_slots']} slots {b['blocks']}: {b['bytes'] / 2**20:.1f} MiB, "
+                f"least {b['least_bytes'] / 2**20:.1f} MiB, {b['over_least']:.2f}x"
+            )
+    if results["wall"] is None:
+        return _write(results, args.out)
     for name in ("windows", "one window"):
         w = results["wall"][name]
         print(
@@ -199,8 +219,12 @@ def main():
             f"{w['seconds_cap_128']:.2f} s, ratio {w['ratio']:.2f}x (longest completion "
             f"{results['wall']['longest']})"
         )
-    if args.out:
-        with open(args.out, "w") as f:
+    _write(results, args.out)
+
+
+def _write(results: dict, path: str | None) -> None:
+    if path:
+        with open(path, "w") as f:
             json.dump(results, f, indent=1)
 
 

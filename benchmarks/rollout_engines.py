@@ -17,9 +17,12 @@ Workloads (each engine gets the same prompts, the same slot map and temperature 
   graded     (`--graded`) whole steps of the graded profile from its stored warm start, the
              rollout phase with static chunks (as the study ran) and continuous batching.
 
-The built-in engine runs twice: "static", all 256 slots at once until the longest stops (the
-engine before continuous batching), and "continuous", 64 decode slots taking the 256 requests
-from a queue (`micro_batch_slots=64`, `batching="continuous"`; `--lanes` sets another number).
+The built-in engine runs three times: "static", all 256 slots at once until the longest stops
+(the engine before continuous batching); "continuous", 64 decode slots taking the 256 requests
+from a queue (`micro_batch_slots=64`, `batching="continuous"`; `--lanes` sets another number);
+and "continuous_all", the trainer's default (`micro_batch_slots=None`): a lane for every request,
+no queue, the lanes halving as they stop (`rollout.lane_halvings`). vLLM may run all 256 at once
+too (`max_num_seqs=256`), so continuous_all is the two engines at the same concurrency.
 
 Tokens/s = completion tokens / median wall time of the engine's `generate` over `--repeats`
 calls after a first (compiling) one. vLLM runs as the trainer drives it (one `n = 1` request per
@@ -66,8 +69,10 @@ WORKLOADS = {
     "long_tail": (64, 1024, 1 - 0.5 ** (1 / 128)),
     "long_cap": (64, 512, 0.0),
 }
-# The built-in engine's two forms: static decodes all R slots at once, continuous `--lanes`.
-KV_CACHE = ("static", "continuous")
+# The built-in engine's forms, (batching, lanes): static decodes all R slots at once, continuous
+# `--lanes` lanes from a queue, continuous_all a lane per request (None: the trainer's default).
+KV_CACHE = {"static": ("static", None), "continuous": ("continuous", "lanes"),
+            "continuous_all": ("continuous", None)}  # fmt: skip
 REPO = Path(__file__).resolve().parents[1]
 WARM_START = REPO / "results" / "study_graded" / "runs" / "warm_start" / "model"
 
@@ -117,13 +122,13 @@ def generate_workloads(repeats: int, names: list[str], with_vllm: bool, lanes: i
         lengths = np.full(NUM_PROMPTS, prompt_tokens, np.int32)
         stops = tuple(range(1, 1 + round(stop_probability * VOCAB)))
         row = {}
-        for batching in KV_CACHE:
+        for form, (batching, slots) in KV_CACHE.items():
             kv = step.KVCacheEngine(
                 graphdef,
                 max_new_tokens=new_tokens,
                 temperature=1.0,
                 eos_ids=stops,
-                micro_batch_slots=lanes if batching == "continuous" else None,
+                micro_batch_slots=lanes if slots == "lanes" else slots,
                 batching=batching,
             )
             kv_generate = jax.jit(kv.generate)
@@ -133,7 +138,7 @@ def generate_workloads(repeats: int, names: list[str], with_vllm: bool, lanes: i
                 ),
                 repeats,
             )
-            row[f"kv_cache_{batching}"] = {"seconds": seconds, **_lengths(result)}
+            row[f"kv_cache_{form}"] = {"seconds": seconds, **_lengths(result)}
         if with_vllm:
             engine = step.VLLMEngine(
                 graphdef,
