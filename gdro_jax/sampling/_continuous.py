@@ -58,8 +58,10 @@ from gdro_jax.sampling._generate import (
     window_ends,
 )
 
-# The default most times the lanes halve once the queue is empty (`generate`'s lane_halvings).
-LANE_HALVINGS = 4
+# The default most times the lanes halve once the queue is empty (`generate`'s lane_halvings):
+# six, so a lane per request of 256 ends at 4 (on the engines benchmark's long tail 7,066
+# tokens/s against 6,055 with four halvings, down to 16 lanes; BENCHMARKS.md).
+LANE_HALVINGS = 6
 
 
 class _Lanes(NamedTuple):
