@@ -58,10 +58,10 @@ from gdro_jax.sampling._generate import (
     window_ends,
 )
 
-# The default most times the lanes halve once the queue is empty (`generate`'s lane_halvings):
-# six, so a lane per request of 256 ends at 4 (on the engines benchmark's long tail 7,066
-# tokens/s against 6,055 with four halvings, down to 16 lanes; BENCHMARKS.md).
-LANE_HALVINGS = 6
+# The default most times the lanes halve once the queue is empty (`generate`'s lane_halvings).
+# Six measured 1.17x four on the engines benchmark's long tail with a lane per request, but each
+# halving is one more loop to compile, and `make test` took 7:28 against 5:21 (BENCHMARKS.md).
+LANE_HALVINGS = 4
 
 
 class _Lanes(NamedTuple):
