@@ -210,21 +210,15 @@ def main():
                 f"{b['cache_slots']} slots {b['blocks']}: {b['bytes'] / 2**20:.1f} MiB, "
                 f"least {b['least_bytes'] / 2**20:.1f} MiB, {b['over_least']:.2f}x"
             )
-    if results["wall"] is None:
-        return _write(results, args.out)
-    for name in ("windows", "one window"):
+    for name in ("windows", "one window") if results["wall"] else ():
         w = results["wall"][name]
         print(
             f"{name}: cap 1,024 {w['seconds_cap_1024']:.2f} s, cap 128 "
             f"{w['seconds_cap_128']:.2f} s, ratio {w['ratio']:.2f}x (longest completion "
             f"{results['wall']['longest']})"
         )
-    _write(results, args.out)
-
-
-def _write(results: dict, path: str | None) -> None:
-    if path:
-        with open(path, "w") as f:
+    if args.out:
+        with open(args.out, "w") as f:
             json.dump(results, f, indent=1)
 
 
