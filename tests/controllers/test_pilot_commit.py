@@ -101,13 +101,17 @@ def _rates():
 
 @pytest.fixture(scope="module")
 def pilot_commit_round():
-    """One compiled select and one compiled round of the part under test (rebuilt per part)."""
+    """One compiled select and one compiled round of the part under test (rebuilt per part).
+
+    Keyed by the part itself, which the cache then keeps alive: keyed by `id(part)`, a test's
+    part freed at its end could leave its id to the next test's part, which then ran the freed
+    part's programs (seen once: the deferral test ran the swapped thresholds' part)."""
     cache = {}
 
     def get(part):
-        if id(part) not in cache:
-            cache[id(part)] = (jax.jit(part.select), jax.jit(part.add), jax.jit(part.take))
-        return cache[id(part)]
+        if part not in cache:
+            cache[part] = (jax.jit(part.select), jax.jit(part.add), jax.jit(part.take))
+        return cache[part]
 
     return get
 
