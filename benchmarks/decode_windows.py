@@ -105,14 +105,20 @@ def bytes_per_step(model: models.Decoder) -> dict:
         "max_new_tokens": STEP_NEW,
         "weights_bytes": weights,
     }
-    steps = {"window": STEP_NEW // 2, "window_opened": STEP_NEW // 2 + 1, "whole": STEP_NEW // 2}
-    for name, t in steps.items():
-        if name == "whole":
-            blocks = (STEP_PROMPT + STEP_NEW,)
-        else:
-            index = next(i for i, end in enumerate(ends) if end >= t)
-            later = zip(ends[:index], ends[1 : index + 1], strict=True)
-            blocks = (STEP_PROMPT + ends[0], *(b - a for a, b in later))
+
+    def window_blocks(t: int) -> tuple[int, ...]:
+        """The blocks step t reads: those up to the window holding its completion slot."""
+        index = next(i for i, end in enumerate(ends) if end >= t)
+        later = zip(ends[:index], ends[1 : index + 1], strict=True)
+        return (STEP_PROMPT + ends[0], *(b - a for a, b in later))
+
+    half = STEP_NEW // 2
+    steps = {
+        "window": (half, window_blocks(half)),
+        "window_opened": (half + 1, window_blocks(half + 1)),
+        "whole": (half, (STEP_PROMPT + STEP_NEW,)),
+    }
+    for name, (t, blocks) in steps.items():
         least = weights + STEP_SLOTS * (STEP_PROMPT + t) * per_position
         accessed = _step_cost(model, STEP_SLOTS, blocks)
         out[name] = {
@@ -202,14 +208,14 @@ def main():
         "batching": args.batching,
         "wall": None if args.no_wall else wall_ratio(model, args.repeats, args.batching),
     }
-    for name, b in results["bytes"].items():
-        if isinstance(b, dict):
-            print(
-                f"bytes per decode step, {name}: step {b['step']}, live {b['live_positions']} "
-                f"of {STEP_SLOTS} slots, cache "
-                f"{b['cache_slots']} slots {b['blocks']}: {b['bytes'] / 2**20:.1f} MiB, "
-                f"least {b['least_bytes'] / 2**20:.1f} MiB, {b['over_least']:.2f}x"
-            )
+    for name in ("window", "window_opened", "whole"):
+        b = results["bytes"][name]
+        print(
+            f"bytes per decode step, {name}: step {b['step']}, live {b['live_positions']} of "
+            f"{STEP_SLOTS} slots, cache {b['cache_slots']} slots {b['blocks']}: "
+            f"{b['bytes'] / 2**20:.1f} MiB, least {b['least_bytes'] / 2**20:.1f} MiB, "
+            f"{b['over_least']:.2f}x"
+        )
     for name in ("windows", "one window") if results["wall"] else ():
         w = results["wall"][name]
         print(

@@ -69,10 +69,10 @@ WORKLOADS = {
     "long_tail": (64, 1024, 1 - 0.5 ** (1 / 128)),
     "long_cap": (64, 512, 0.0),
 }
-# The built-in engine's forms, (batching, lanes): static decodes all R slots at once, continuous
-# `--lanes` lanes from a queue, continuous_all a lane per request (None: the trainer's default).
-KV_CACHE = {"static": ("static", None), "continuous": ("continuous", "lanes"),
-            "continuous_all": ("continuous", None)}  # fmt: skip
+# The built-in engine's forms, (batching, whether `--lanes` lanes take the requests from a queue):
+# static decodes all R slots at once, continuous_all a lane per request (the trainer's default).
+KV_CACHE = {"static": ("static", False), "continuous": ("continuous", True),
+            "continuous_all": ("continuous", False)}  # fmt: skip
 REPO = Path(__file__).resolve().parents[1]
 WARM_START = REPO / "results" / "study_graded" / "runs" / "warm_start" / "model"
 
@@ -122,13 +122,13 @@ def generate_workloads(repeats: int, names: list[str], with_vllm: bool, lanes: i
         lengths = np.full(NUM_PROMPTS, prompt_tokens, np.int32)
         stops = tuple(range(1, 1 + round(stop_probability * VOCAB)))
         row = {}
-        for form, (batching, slots) in KV_CACHE.items():
+        for form, (batching, queued) in KV_CACHE.items():
             kv = step.KVCacheEngine(
                 graphdef,
                 max_new_tokens=new_tokens,
                 temperature=1.0,
                 eos_ids=stops,
-                micro_batch_slots=lanes if slots == "lanes" else slots,
+                micro_batch_slots=lanes if queued else None,
                 batching=batching,
             )
             kv_generate = jax.jit(kv.generate)
