@@ -114,8 +114,9 @@ def _attention(q_BTNH, k_BKHS, v_BKSH, allowed_BTS, live_n=None):
     Queries are laid out [B, K, G*T, H] so both matmuls are batched over (B, K) with one free and
     one contracting dimension each (forward and backward), without relayout copies of the keys.
     Keys and values may come as tuples of blocks along S (a blocked cache): each block is read
-    where it lies, and only the scores are joined. `live_n` ([n] bool, one per block, or None):
-    see `_attention_over_live_blocks`.
+    where it lies, with a softmax of its own, and the blocks are joined by their maxima
+    (`_attention_over_live_blocks`; no scores are concatenated or sliced). `live_n` ([n] bool, one
+    per block, or None: all read): the blocks to read.
     """
     k_blocks = k_BKHS if isinstance(k_BKHS, tuple) else (k_BKHS,)
     v_blocks = v_BKSH if isinstance(v_BKSH, tuple) else (v_BKSH,)
@@ -123,29 +124,22 @@ def _attention(q_BTNH, k_BKHS, v_BKSH, allowed_BTS, live_n=None):
     K, S = k_blocks[0].shape[1], sum(k.shape[3] for k in k_blocks)
     G = N // K
     q_BKQH = q_BTNH.reshape(B, T, K, G, H).transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, H)
-    if live_n is not None:
+    if live_n is not None or len(k_blocks) > 1:
         attn_BKQH = _attention_over_live_blocks(q_BKQH, k_blocks, v_blocks, allowed_BTS, live_n, G)
         return attn_BKQH.reshape(B, K, G, T, H).transpose(0, 3, 1, 2, 4).reshape(B, T, N, H)
-    scores = [
-        jnp.einsum("bkqh,bkhs->bkqs", q_BKQH, k, preferred_element_type=jnp.float32)
-        for k in k_blocks
-    ]
-    scores_BKQS = (scores[0] if len(scores) == 1 else jnp.concatenate(scores, axis=-1)) * (H**-0.5)
-    scores_BKGTS = scores_BKQS.reshape(B, K, G, T, S)
+    (k_BKHS,), (v_BKSH,) = k_blocks, v_blocks
+    scores_BKQS = jnp.einsum("bkqh,bkhs->bkqs", q_BKQH, k_BKHS, preferred_element_type=jnp.float32)
+    scores_BKGTS = scores_BKQS.reshape(B, K, G, T, S) * (H**-0.5)
     scores_BKGTS = jnp.where(allowed_BTS[:, None, None], scores_BKGTS, _MASKED)
     probs_BKQS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(q_BTNH.dtype).reshape(B, K, G * T, S)
-    attn_BKQH, start = None, 0
-    for v in v_blocks:
-        size = v.shape[2]
-        probs = probs_BKQS if len(v_blocks) == 1 else probs_BKQS[..., start : start + size]
-        part = jnp.einsum("bkqs,bksh->bkqh", probs, v)
-        attn_BKQH, start = part if attn_BKQH is None else attn_BKQH + part, start + size
+    attn_BKQH = jnp.einsum("bkqs,bksh->bkqh", probs_BKQS, v_BKSH)
     return attn_BKQH.reshape(B, K, G, T, H).transpose(0, 3, 1, 2, 4).reshape(B, T, N, H)
 
 
 def _attention_over_live_blocks(q_BKQH, k_blocks, v_blocks, allowed_BTS, live_n, G):
     """Attention over the blocks marked live only: block i is read (`lax.cond`) only where
     `live_n[i]`, and its slots must then be masked by `allowed_BTS` for every query that counts.
+    `live_n` None: every block is read (no conds).
 
     Each live block gives its scores' maximum, the sum of their exponentials and the values
     weighted by them; the blocks are joined by their maxima (flash-decoding's merge), so nothing
@@ -178,7 +172,7 @@ def _attention_over_live_blocks(q_BKQH, k_blocks, v_blocks, allowed_BTS, live_n,
                 jnp.zeros((B, K, Q, H), jnp.float32),
             )
 
-        parts.append(jax.lax.cond(live_n[i], block, skipped))
+        parts.append(block() if live_n is None else jax.lax.cond(live_n[i], block, skipped))
         start += size
     peak = functools.reduce(jnp.maximum, (p for p, _, _ in parts))
     scale = [jnp.exp(p - peak) for p, _, _ in parts]

@@ -119,22 +119,30 @@ def sample_logits(
         token_R = _first_argmax(logits_RV)
         return token_R, _gather(logits_RV, token_R) - jax.nn.logsumexp(logits_RV, axis=-1)
     scaled_RV = logits_RV / temperature
-    log_normaliser_R = jax.nn.logsumexp(scaled_RV, axis=-1)
-    filtered_RV = scaled_RV
+    peak_R = jnp.max(scaled_RV, axis=-1)
+    # Both filters keep the tokens whose scaled logit reaches a floor: the k-th largest value
+    # (ties kept) and the nucleus's last value.
+    floor_R = None
     if top_k > 0:
         top_RK = jax.lax.top_k(scaled_RV, top_k)[0]
-        filtered_RV = jnp.where(scaled_RV >= top_RK[:, -1:], scaled_RV, -jnp.inf)
+        floor_R = top_RK[:, -1]
     if use_top_p:
         # Candidates in descending order: the top-k values if top-k ran, else a full sort.
         sorted_RC = top_RK if top_k > 0 else -jnp.sort(-scaled_RV, axis=-1)
         probs_RC = jax.nn.softmax(sorted_RC, axis=-1)
         mass_before_RC = jnp.cumsum(probs_RC, axis=-1) - probs_RC
         keep_count_R = jnp.sum(mass_before_RC < top_p, axis=-1)
-        threshold_R = jnp.take_along_axis(sorted_RC, keep_count_R[:, None] - 1, axis=-1)
-        filtered_RV = jnp.where(scaled_RV >= threshold_R, filtered_RV, -jnp.inf)
-    weights_RV = jnp.exp(filtered_RV - log_normaliser_R[:, None])  # unnormalised after filtering
-    token_R = _inverse_cdf_draw(key, weights_RV, fallback_R=_first_argmax(scaled_RV))
-    return token_R, _gather(scaled_RV, token_R) - log_normaliser_R
+        nucleus_R = _gather(sorted_RC, keep_count_R - 1)
+        floor_R = nucleus_R if floor_R is None else jnp.maximum(floor_R, nucleus_R)
+    token_R, scaled_R, kept_R = _inverse_cdf_draw(
+        _uniforms(key, logits_RV.shape[0]), scaled_RV, peak_R, floor_R
+    )
+    # The normaliser: without a filter the draw's kept mass is all of it (no second pass).
+    if floor_R is None:
+        total_R = kept_R
+    else:
+        total_R = jnp.sum(jnp.exp(scaled_RV - peak_R[:, None]), axis=-1)
+    return token_R, scaled_R - (peak_R + jnp.log(total_R))
 
 
 def _first_argmax(x_RV: jax.Array) -> jax.Array:
@@ -145,36 +153,60 @@ def _first_argmax(x_RV: jax.Array) -> jax.Array:
     return jnp.min(jnp.where(x_RV == max_R1, index_RV, x_RV.shape[-1]), axis=-1)
 
 
-def _inverse_cdf_draw(key: jax.Array, weights_RV: jax.Array, fallback_R: jax.Array) -> jax.Array:
-    """A draw from the categorical distribution ∝ weights_RV (>= 0) per row, by inverting the CDF
-    at one uniform per row.
+def _uniforms(key: jax.Array, rows: int) -> jax.Array:
+    """[rows, 1] uniforms in [0, 1): from one key, or one from each of [rows] keys."""
+    typed = jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
+    if key.ndim == (0 if typed else 1):  # one key for the batch
+        return jax.random.uniform(key, (rows, 1), jnp.float32)
+    return jax.vmap(lambda row_key: jax.random.uniform(row_key, (1,), jnp.float32))(key)
+
+
+def _inverse_cdf_draw(
+    uniform_R1: jax.Array, scaled_RV: jax.Array, peak_R: jax.Array, floor_R: jax.Array | None
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """A draw from the categorical distribution with weights exp(scaled - peak) on the tokens
+    whose scaled logit reaches the row's floor (0 elsewhere; `floor_R` None: every token), by
+    inverting the CDF at the row's uniform. `peak_R`: the row's largest scaled logit, so its
+    weight is 1 and some weight > 0.
 
     Exact in distribution, like the Gumbel-max trick of `jax.random.categorical`, but it needs
     R random numbers instead of R x V, and no length-V cumulative sum: the vocabulary is cut into
     ~sqrt(V) blocks, the block is chosen from the cumulative block masses, then the token inside
-    it. Zero-weight tokens are never returned (if rounding lands on one, the row's `fallback_R`,
-    its most likely token, is returned instead).
+    it. After the one pass that sums the blocks' weights, only the chosen block is read again
+    (its weights recomputed from its logits). Zero-weight tokens are never returned: the block
+    chosen has positive mass (the last such at most), and if rounding inside it lands on a zero
+    weight, the block's most likely token is returned instead.
+
+    Returns:
+      (token_R int32, the token's scaled logit, the kept weights' total).
     """
-    R, V = weights_RV.shape
+    R, V = scaled_RV.shape
     size = math.isqrt(V - 1) + 1
     count = -(-V // size)
-    blocks_RnS = jnp.pad(weights_RV, ((0, 0), (0, count * size - V))).reshape(R, count, size)
-    mass_Rn = jnp.sum(blocks_RnS, axis=-1)
+
+    def weights(scaled_RnS):
+        weights_RnS = jnp.exp(scaled_RnS - peak_R[:, None, None])
+        if floor_R is None:
+            return weights_RnS
+        return jnp.where(scaled_RnS >= floor_R[:, None, None], weights_RnS, 0.0)
+
+    pad = ((0, 0), (0, count * size - V))
+    blocks_RnS = jnp.pad(scaled_RV, pad, constant_values=-jnp.inf).reshape(R, count, size)
+    mass_Rn = jnp.sum(weights(blocks_RnS), axis=-1)
     cdf_Rn = jnp.cumsum(mass_Rn, axis=-1)
-    typed = jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
-    if key.ndim == (0 if typed else 1):  # one key for the batch
-        uniform_R1 = jax.random.uniform(key, (R, 1), jnp.float32)
-    else:
-        uniform_R1 = jax.vmap(lambda row_key: jax.random.uniform(row_key, (1,), jnp.float32))(key)
     target_R1 = uniform_R1 * cdf_Rn[:, -1:]
-    block_R = jnp.minimum(jnp.sum(cdf_Rn <= target_R1, axis=-1), count - 1)
-    inside_RS = jnp.take_along_axis(blocks_RnS, block_R[:, None, None], axis=1)[:, 0]
+    # A block whose CDF first passes the target has positive mass; only rounding (a target at
+    # the total) could run past the last such block.
+    last_R = jnp.max(jnp.where(mass_Rn > 0, jnp.arange(count), 0), axis=-1)
+    block_R = jnp.minimum(jnp.sum(cdf_Rn <= target_R1, axis=-1), last_R)
+    scaled_RS = jnp.take_along_axis(blocks_RnS, block_R[:, None, None], axis=1)[:, 0]
+    inside_RS = weights(scaled_RS[:, None])[:, 0]
     before_R1 = jnp.take_along_axis(cdf_Rn - mass_Rn, block_R[:, None], axis=1)
     inside_cdf_RS = jnp.cumsum(inside_RS, axis=-1) + before_R1
     offset_R = jnp.minimum(jnp.sum(inside_cdf_RS <= target_R1, axis=-1), size - 1)
+    offset_R = jnp.where(_gather(inside_RS, offset_R) > 0, offset_R, _first_argmax(inside_RS))
     token_R = (block_R * size + offset_R).astype(jnp.int32)
-    valid_R = (token_R < V) & (_gather(weights_RV, jnp.minimum(token_R, V - 1)) > 0)
-    return jnp.where(valid_R, token_R, fallback_R)
+    return token_R, _gather(scaled_RS, offset_R), cdf_Rn[:, -1]
 
 
 def _gather(values_RV: jax.Array, index_R: jax.Array) -> jax.Array:
