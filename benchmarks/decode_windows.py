@@ -9,7 +9,8 @@ Two measurements, one run, on a small Qwen3 shape (random weights, float32: D=25
            last step of a window), the step after it (the first of the next window, which
            reads that window whole), and the step over the whole P + M cache (the sampler
            before windows), each against the least bytes a step must read (the weights once
-           plus its live keys and values).
+           plus its live keys and values), and split by kind: the KV cache, the weights,
+           gathers (which XLA counts at their whole operand) and the rest (activations).
   wall     the same completions sampled with a cap of 1,024 tokens and of 128 (stop ids that a
            random policy draws often enough that every completion stops within 128 tokens;
            checked), 256 slots of 32 prompts (64-token prompts) in static chunks of 64, with
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import re
 import time
 
 import jax
@@ -44,10 +46,13 @@ POLICY = rollout_engines.POLICY.replace(max_position_embeddings=4096)
 STEP_SLOTS, STEP_PROMPT, STEP_NEW = 64, 256, 512
 
 
-def _step_cost(model: models.Decoder, slots: int, blocks: tuple[int, ...]) -> float:
+def _step_cost(
+    model: models.Decoder, slots: int, blocks: tuple[int, ...]
+) -> tuple[float, dict[str, float] | None]:
     """Bytes accessed by one compiled decode step of `slots` slots over a KV cache in `blocks`
     (slots per block; the step writes into the last, as the sampler's window does), the
-    per-layer weights sliced outside and the cache updated in place, as in the sampler's loop."""
+    per-layer weights sliced outside and the cache updated in place, as in the sampler's loop;
+    and those bytes by kind (`bytes_by_kind`)."""
     graphdef, state = nnx.split((model, model.layer_slices()))
 
     # The cache donated, as the loop's carry is updated in place: without it the untouched
@@ -80,9 +85,103 @@ def _step_cost(model: models.Decoder, slots: int, blocks: tuple[int, ...]) -> fl
         jax.ShapeDtypeStruct((), jnp.int32),
         jax.random.key(0),
     )
-    cost = step.lower(*args).compile().cost_analysis()
+    compiled = step.lower(*args).compile()
+    cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
-    return float(cost["bytes accessed"])
+    return float(cost["bytes accessed"]), bytes_by_kind(compiled.as_text())
+
+
+# A top-level instruction of an optimised HLO module: name, result shape, opcode, the rest.
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (\([^()]*\)|\S+) ([\w\-]+)\((.*)$")
+_CALLED = re.compile(r"(?:calls|to_apply|body|condition|branch_computations)=(\{[^}]*\}|%[\w.\-]+)")
+
+
+def bytes_by_kind(hlo: str) -> dict[str, float] | None:
+    """XLA's bytes accessed of a compiled step (its optimised HLO text), split by what each
+    operation reads and writes: the KV cache, the weights, gathers, and the rest (activations:
+    hidden states, attention scores, logits).
+
+    Each top-level operation is costed alone by XLA's own cost analysis, so the parts sum to the
+    step's figure (but for the few bytes of constants and tuples, left out). A gather that XLA
+    fuses with other work is counted at its whole operand (the embedding table for a lookup of
+    64 rows), whatever rows it reads: its bytes are "gathers". Uses jax's internal HLO bindings;
+    None where they are missing.
+    """
+    try:
+        from jax._src.lib import _jax
+        from jaxlib import _hlo
+    except ImportError:
+        return None
+    computations, current, entry = {}, None, None
+    for line in hlo.splitlines():
+        if line.endswith("{") and not line.startswith(" ") and "%" in line.split(" (")[0]:
+            current = re.match(r"^(?:ENTRY )?%([\w.\-]+)", line).group(1)
+            entry = current if line.startswith("ENTRY") else entry
+            computations[current] = [line]
+        elif current:
+            computations[current].append(line)
+            current = None if line.startswith("}") else current
+    shapes = {}
+    for lines in computations.values():
+        for match in filter(None, map(_INSTRUCTION.match, lines)):
+            shapes[match.group(1)] = match.group(2)
+
+    def called(text: str, found: list[str]) -> list[str]:
+        for group in _CALLED.findall(text):
+            for name in re.findall(r"%([\w.\-]+)", group):
+                if name not in found:
+                    found.append(name)
+                    called("\n".join(computations[name]), found)
+        return found
+
+    client = jax.devices("cpu")[0].client
+    kinds = dict.fromkeys(("kv_cache", "weights", "gathers", "rest"), 0.0)
+    holds = {}  # what an entry parameter, or a cache block written in place, holds
+    for match in filter(None, map(_INSTRUCTION.match, computations[entry][1:-1])):
+        name, shape, opcode, rest = match.groups()
+        if opcode == "parameter":
+            holds[name] = "kv_cache" if name.startswith("cache") else "weights"
+        elif opcode == "bitcast" and re.match(r"%([\w.\-]+)", rest).group(1) in holds:
+            holds[name] = holds[re.match(r"%([\w.\-]+)", rest).group(1)]  # a view of it
+        if opcode in ("parameter", "constant", "bitcast", "get-tuple-element", "tuple"):
+            continue
+        depth, end = 1, 0
+        while depth:  # the operand list, up to its closing parenthesis
+            depth += {"(": 1, ")": -1}.get(rest[end], 0)
+            end += 1
+        operands = re.findall(r"%([\w.\-]+)", rest[: end - 1])
+        if "dynamic-update-slice" in name and holds.get(operands[0]) == "kv_cache":
+            holds[name] = "kv_cache"  # what reads the written block reads the cache
+        attributes = re.sub(r", metadata=\{[^}]*\}", "", rest[end:])
+        renamed = rest[: end - 1]
+        for i, operand in enumerate(operands):
+            renamed = re.sub(rf"%{re.escape(operand)}\b", f"%p{i}", renamed, count=1)
+        module = "HloModule one\n\n" + "\n\n".join(
+            "\n".join(computations[c]) for c in reversed(called(attributes, []))
+        )
+        module += "\n\nENTRY %one {\n" + "".join(
+            f"  %p{i} = {shapes[o]} parameter({i})\n" for i, o in enumerate(operands)
+        )
+        module += f"  ROOT %r = {shape} {opcode}({renamed}){attributes}\n}}\n"
+        cost = _jax.hlo_module_cost_analysis(client, _hlo.hlo_module_from_text(module))
+        source = re.search(r'op_name="([^"]*)"', rest)
+        total = cost["bytes accessed"]
+        if source is not None and "gather" in source.group(1):
+            kinds["gathers"] += total
+            continue
+        # The reads of cache and weights operands by their keys ("bytes accessed<i>{}"; a
+        # fusion may also report keys of its fused work, past its operands); the rest of the
+        # operation's figure is activations.
+        read = 0.0
+        for key, value in cost.items():
+            index = key.removeprefix("bytes accessed").split("{")[0]
+            if key.startswith("bytes accessed") and index.isdigit() and int(index) < len(operands):
+                kind = holds.get(operands[int(index)])
+                if kind is not None:
+                    kinds[kind] += value
+                    read += value
+        kinds["rest"] += total - read
+    return kinds
 
 
 def bytes_per_step(model: models.Decoder) -> dict:
@@ -120,7 +219,7 @@ def bytes_per_step(model: models.Decoder) -> dict:
     }
     for name, (t, blocks) in steps.items():
         least = weights + STEP_SLOTS * (STEP_PROMPT + t) * per_position
-        accessed = _step_cost(model, STEP_SLOTS, blocks)
+        accessed, kinds = _step_cost(model, STEP_SLOTS, blocks)
         out[name] = {
             "step": t,
             "live_positions": STEP_PROMPT + t,
@@ -129,6 +228,7 @@ def bytes_per_step(model: models.Decoder) -> dict:
             "blocks": list(blocks),
             "bytes": accessed,
             "over_least": accessed / least,
+            "bytes_by_kind": kinds,
         }
     return out
 
@@ -216,6 +316,8 @@ def main():
             f"{b['bytes'] / 2**20:.1f} MiB, least {b['least_bytes'] / 2**20:.1f} MiB, "
             f"{b['over_least']:.2f}x"
         )
+        if b["bytes_by_kind"]:
+            print("  " + ", ".join(f"{k} {v / 2**20:.1f}" for k, v in b["bytes_by_kind"].items()))
     for name in ("windows", "one window") if results["wall"] else ():
         w = results["wall"][name]
         print(
