@@ -59,8 +59,9 @@ from gdro_jax.sampling._generate import (
 )
 
 # The default most times the lanes halve once the queue is empty (`generate`'s lane_halvings).
-# Six measured 1.17x four on the engines benchmark's long tail with a lane per request, but each
-# halving is one more loop to compile, and `make test` took 7:28 against 5:21 (BENCHMARKS.md).
+# Six measured 1.11-1.17x four on the engines benchmark's long tail with a lane per request (a
+# CPU, where a step's cost keeps falling with fewer lanes), but each halving is one more loop to
+# compile: about 6 s more at 256 lanes, and `make test` 6:50 against 6:26 (BENCHMARKS.md).
 LANE_HALVINGS = 4
 
 
