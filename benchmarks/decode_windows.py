@@ -104,7 +104,8 @@ def bytes_by_kind(hlo: str) -> dict[str, float] | None:
     Each top-level operation is costed alone by XLA's own cost analysis, so the parts sum to the
     step's figure (but for the few bytes of constants and tuples, left out). A gather that XLA
     fuses with other work is counted at its whole operand (the embedding table for a lookup of
-    64 rows), whatever rows it reads: its bytes are "gathers". Uses jax's internal HLO bindings;
+    64 rows), whatever rows it reads: the bytes of every operation holding a gather are
+    "gathers". Uses jax's internal HLO bindings;
     None where they are missing.
     """
     try:
@@ -138,35 +139,33 @@ def bytes_by_kind(hlo: str) -> dict[str, float] | None:
     kinds = dict.fromkeys(("kv_cache", "weights", "gathers", "rest"), 0.0)
     holds = {}  # what an entry parameter, or a cache block written in place, holds
     for match in filter(None, map(_INSTRUCTION.match, computations[entry][1:-1])):
-        name, shape, opcode, rest = match.groups()
-        if opcode == "parameter":
-            holds[name] = "kv_cache" if name.startswith("cache") else "weights"
-        elif opcode == "bitcast" and re.match(r"%([\w.\-]+)", rest).group(1) in holds:
-            holds[name] = holds[re.match(r"%([\w.\-]+)", rest).group(1)]  # a view of it
-        if opcode in ("parameter", "constant", "bitcast", "get-tuple-element", "tuple"):
-            continue
+        name, shape, opcode, tail = match.groups()
         depth, end = 1, 0
         while depth:  # the operand list, up to its closing parenthesis
-            depth += {"(": 1, ")": -1}.get(rest[end], 0)
+            depth += {"(": 1, ")": -1}.get(tail[end], 0)
             end += 1
-        operands = re.findall(r"%([\w.\-]+)", rest[: end - 1])
+        operands = re.findall(r"%([\w.\-]+)", tail[: end - 1])
+        if opcode == "parameter":
+            holds[name] = "kv_cache" if name.startswith("cache") else "weights"
+        elif opcode == "bitcast" and operands[0] in holds:
+            holds[name] = holds[operands[0]]  # a view of it
+        if opcode in ("parameter", "constant", "bitcast", "get-tuple-element", "tuple"):
+            continue
         if "dynamic-update-slice" in name and holds.get(operands[0]) == "kv_cache":
             holds[name] = "kv_cache"  # what reads the written block reads the cache
-        attributes = re.sub(r", metadata=\{[^}]*\}", "", rest[end:])
-        renamed = rest[: end - 1]
+        attributes = re.sub(r", metadata=\{[^}]*\}", "", tail[end:])
+        renamed = tail[: end - 1]
         for i, operand in enumerate(operands):
             renamed = re.sub(rf"%{re.escape(operand)}\b", f"%p{i}", renamed, count=1)
-        module = "HloModule one\n\n" + "\n\n".join(
-            "\n".join(computations[c]) for c in reversed(called(attributes, []))
-        )
+        bodies = ["\n".join(computations[c]) for c in reversed(called(attributes, []))]
+        module = "HloModule one\n\n" + "\n\n".join(bodies)
         module += "\n\nENTRY %one {\n" + "".join(
             f"  %p{i} = {shapes[o]} parameter({i})\n" for i, o in enumerate(operands)
         )
         module += f"  ROOT %r = {shape} {opcode}({renamed}){attributes}\n}}\n"
         cost = _jax.hlo_module_cost_analysis(client, _hlo.hlo_module_from_text(module))
-        source = re.search(r'op_name="([^"]*)"', rest)
         total = cost["bytes accessed"]
-        if source is not None and "gather" in source.group(1):
+        if opcode == "gather" or any(" gather(" in body for body in bodies):
             kinds["gathers"] += total
             continue
         # The reads of cache and weights operands by their keys ("bytes accessed<i>{}"; a
