@@ -94,9 +94,8 @@ import json
 import math
 import os
 import sys
-import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -107,6 +106,7 @@ from absl import app, flags, logging
 from flax import nnx
 
 from benchmarks import packed_update
+from benchmarks._timing import timed
 from experiments.configs import paper_qwen3
 from gdro_jax import configs, models, sampling, step
 from gdro_jax.sampling import generate
@@ -315,27 +315,6 @@ def decode_least_bytes(
     return steps * param_count * itemsize + slots * positions * per_position
 
 
-def _timed(calls: dict[str, Callable[[], Any]], repeats: int) -> dict[str, dict]:
-    """Each call once (compilation), then `repeats` times, alternating between the calls."""
-    first, times = {}, {name: [] for name in calls}
-    for name, call in calls.items():
-        start = time.perf_counter()
-        jax.block_until_ready(call())
-        first[name] = time.perf_counter() - start
-    for _ in range(repeats):
-        for name, call in calls.items():
-            start = time.perf_counter()
-            jax.block_until_ready(call())
-            times[name].append(time.perf_counter() - start)
-    result = {}
-    for name, seconds in times.items():
-        median = float(np.median(seconds))
-        result[name] = dict(
-            compile_s=max(first[name] - median, 0.0), median_s=median, times_s=seconds
-        )
-    return result
-
-
 def _prompts(work: Work, vocab_size: int, seed: int) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Random full-length prompts [N, P], their lengths [N] and the slot map [R] on the device."""
     rng = np.random.default_rng(seed)
@@ -394,7 +373,7 @@ def bench_update(
         carry[0], metrics = update(carry[0], plan, prompt_ids_N, rollouts)
         return carry[0], metrics
 
-    timing = _timed({"update": update_step}, repeats)["update"]
+    timing = timed({"update": update_step}, repeats)["update"]
     seq_len = work.prompt_len + work.new_tokens
     flops = update_model_flops(c, matmul_weights, slots=slots, seq_len=seq_len, reference=reference)
     flops_per_s = flops / timing["median_s"]
@@ -438,7 +417,7 @@ def bench_decode(
         last[:] = [result.lengths]
         return result
 
-    timing = _timed({"decode": call}, repeats)["decode"]
+    timing = timed({"decode": call}, repeats)["decode"]
     generated = int(jnp.sum(last[0]))  # no stop id: every slot runs to M tokens
     slots = int(slot_map_R.shape[0])
     least_bytes = decode_least_bytes(
@@ -479,7 +458,7 @@ def bench_prefill_sharing(model: models.Decoder, work: Work, *, repeats: int) ->
             share_prefill=share,
         )
 
-    timing = _timed(dict(shared=lambda: call(True), per_slot=lambda: call(False)), repeats)
+    timing = timed(dict(shared=lambda: call(True), per_slot=lambda: call(False)), repeats)
     return dict(
         slots=int(slot_map_R.shape[0]),
         prompts=work.prompts,
@@ -515,7 +494,7 @@ def bench_live(model: models.Decoder, work: Work, caps: tuple[int, ...], *, repe
 
     calls = {f"cap_{cap}": call(cap, window=caps[0]) for cap in caps}
     calls["one_window"] = call(caps[-1], window=caps[-1])
-    timing = _timed(calls, repeats)
+    timing = timed(calls, repeats)
     ranges = []
     for low, high in zip((0, *caps), caps, strict=False):
         seconds = timing[f"cap_{high}"]["median_s"] - (
@@ -574,7 +553,7 @@ def bench_engines(engines: Engines, *, repeats: int) -> dict:
             return run
 
         prompts = dict(prompt_tokens=tokens_NP, prompt_lengths=lengths_N, prompt_of_slot=slot_map_R)
-        timing = _timed(
+        timing = timed(
             dict(
                 static=call("static", None, **prompts),
                 continuous=call("continuous", engines.lanes, **prompts),
@@ -634,7 +613,7 @@ def bench_packed(packed: Packed, *, repeats: int) -> dict:
         mask = jnp.arange(M)[None] < rollouts.lengths[:, None]
         return updates[form]((params, opt_state), slot_index, rollouts=rollouts, mask_RM=mask)
 
-    timing = _timed(dict(padded=lambda: call("padded"), packed=lambda: call("packed")), repeats)
+    timing = timed(dict(padded=lambda: call("padded"), packed=lambda: call("packed")), repeats)
     for seed in (7, 8):  # other lengths, the same packed program
         other = np.random.default_rng(seed)
         draw = packed_update.dapo_lengths(other, packed.slots, P, M)
@@ -720,7 +699,7 @@ def bench_attention(config: models.DecoderConfig, attention: Attention, *, repea
             )
         )
     )
-    timing = _timed({name: (lambda m=model: step_fn(m)) for name, model in pair.items()}, repeats)
+    timing = timed({name: (lambda m=model: step_fn(m)) for name, model in pair.items()}, repeats)
     return dict(
         agree_len=attention.agree_len,
         time_len=attention.time_len,

@@ -18,12 +18,12 @@ Run:  python -m benchmarks.draw [--repeats=10] [--out=draw.json]
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import time
 
 import jax
-import numpy as np
 
+from benchmarks._timing import timed
 from gdro_jax.sampling import sample_logits
 
 SHAPES = ((256, 4096), (64, 151_936))
@@ -50,15 +50,8 @@ def main():
     results = {}
     for shape in SHAPES:
         calls, inputs = _draws(shape)
-        for call in calls.values():
-            jax.block_until_ready(call(*inputs))  # compiles
-        seconds = {name: [] for name in calls}
-        for _ in range(args.repeats):
-            for name, call in calls.items():
-                start = time.perf_counter()
-                jax.block_until_ready(call(*inputs))
-                seconds[name].append(time.perf_counter() - start)
-        ms = {name: 1e3 * float(np.median(s)) for name, s in seconds.items()}
+        timing = timed({n: functools.partial(c, *inputs) for n, c in calls.items()}, args.repeats)
+        ms = {name: 1e3 * entry["median_s"] for name, entry in timing.items()}
         results[f"{shape[0]}x{shape[1]}"] = ms
         print(
             f"{shape[0]} rows x V={shape[1]:,}: "

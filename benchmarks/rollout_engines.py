@@ -40,6 +40,8 @@ Run (the vllm extra's environment):  make bench-engines
 from __future__ import annotations
 
 import argparse
+import functools
+import itertools
 import json
 import os
 import time
@@ -49,6 +51,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from benchmarks._timing import timed
 from experiments.configs import graded, tiny_cpu
 from gdro_jax import controllers, models, step, train
 
@@ -91,18 +94,16 @@ def _plan(num_prompts: int, rollouts: int) -> controllers.Plan:
     )
 
 
-def _timed(calls: dict, repeats: int) -> dict:
-    """{name: (median seconds, last result)}: each call once first (compiling, warming up),
-    then `repeats` rounds that call each in turn, so the machine's drift over a run falls on every
-    form alike instead of on whichever ran last."""
-    results = {name: jax.block_until_ready(call(0)) for name, call in calls.items()}
-    times = {name: [] for name in calls}
-    for repeat in range(repeats):
-        for name, call in calls.items():
-            start = time.perf_counter()
-            results[name] = jax.block_until_ready(call(repeat + 1))
-            times[name].append(time.perf_counter() - start)
-    return {name: (float(np.median(times[name])), results[name]) for name in calls}
+def _keyed(fn, last: dict, name: str):
+    """`fn(key)` as a call for `timed`: keys 0, 1, 2, ... one per call, the result kept in
+    `last[name]`."""
+    keys = itertools.count()
+
+    def call():
+        last[name] = fn(jax.random.key(next(keys)))
+        return last[name]
+
+    return call
 
 
 def _lengths(result, cap: int) -> dict:
@@ -138,8 +139,8 @@ def generate_workloads(repeats: int, names: list[str], with_vllm: bool, lanes: i
                 batching=batching,
             )
             kv_generate = jax.jit(kv.generate)
-            calls[f"kv_cache_{form}"] = lambda i, g=kv_generate, p=prompts, n=lengths: g(
-                params, plan, p, n, jax.random.key(i)
+            calls[f"kv_cache_{form}"] = functools.partial(
+                kv_generate, params, plan, prompts, lengths
             )
         if with_vllm:
             vllm_engine = step.VLLMEngine(
@@ -151,13 +152,13 @@ def generate_workloads(repeats: int, names: list[str], with_vllm: bool, lanes: i
                 eos_ids=stops,
                 settings=step.VLLMConfig(dtype="float32", max_num_seqs=NUM_PROMPTS * ROLLOUTS),
             )
-            calls["vllm"] = lambda i, e=vllm_engine, p=prompts, n=lengths: e.generate(
-                params, plan, p, n, jax.random.key(i)
-            )
+            calls["vllm"] = functools.partial(vllm_engine.generate, params, plan, prompts, lengths)
             calls["vllm_n8_unseeded"] = _vllm_grouped(vllm_engine, prompts, new_tokens, stops)
+        last = {}
+        timing = timed({form: _keyed(fn, last, form) for form, fn in calls.items()}, repeats)
         row = {
-            form: {"seconds": seconds, **_lengths(result, new_tokens)}
-            for form, (seconds, result) in _timed(calls, repeats).items()
+            form: {"seconds": timing[form]["median_s"], **_lengths(last[form], new_tokens)}
+            for form in calls
         }
         if vllm_engine is not None:
             vllm_engine.close()
@@ -169,8 +170,8 @@ def generate_workloads(repeats: int, names: list[str], with_vllm: bool, lanes: i
 
 
 def _vllm_grouped(engine, prompts, new_tokens, stops):
-    """vLLM's own fastest form, a call for `_timed`: one request of n = ROLLOUTS per prompt, no
-    seeds."""
+    """vLLM's own fastest form, a call of a key (unused): one request of n = ROLLOUTS per prompt,
+    no seeds."""
     from vllm import SamplingParams  # noqa: PLC0415 (the vllm extra)
 
     params = SamplingParams(
