@@ -24,6 +24,14 @@ their scores' maxima, `models._decoder._attention_over_live_blocks`), so a step'
 the span of ring slots its live requests cover, not all M. Nothing moves: the ring wraps as
 before, and the step's key/value goes into the block that holds its ring slot.
 
+No queue. With a lane for every request (`decode_slots >= R`, the trainer's default), every
+request enters at step 0 and ring slot g is written at step g, so the loop starts as the static
+loop's windows: window i's steps read blocks 0..i whole and write into block i, with no cond.
+On a CPU that is what keeps it level with the static loop where every request runs to the cap:
+the per-block conds do the same work, but XLA:CPU runs them one at a time, where the static
+loop's blocks run side by side on two cores (BENCHMARKS.md, "No queue: the static loop's windows
+first"). The halved lanes (below) go on with the ring's conds.
+
 Halving after the queue. Once the queue is empty, the lanes whose requests stopped would ride
 along until the longest request ends, and a step's cost follows the lanes (on a CPU almost in
 proportion). So whenever at most half the lanes are still active, the loop moves them to the front
@@ -201,20 +209,28 @@ def _generate_continuous(
         token_C, logprob_C = draw(logits_NV[prompt_C], request_C, lanes.step)
         return emit(lanes, take_C, token_C, logprob_C)
 
-    def decode(lanes: _Lanes, refill: bool = True) -> _Lanes:
+    def decode(lanes: _Lanes, refill: bool = True, window: int | None = None) -> _Lanes:
         # The completion slots P .. S-1 are a ring shared by the lanes: decode step g writes every
         # lane's key/value at slot P + g mod M (one in-place write for the batch), and a lane
         # reads the `step` ring slots its request wrote since it entered (at most M - 1 < M).
+        # `window` i (no queue): the step reads blocks 0..i whole and writes into block i, as the
+        # static loop's window i, with no cond.
         ring = lanes.iterations % M
-        column_S = jnp.arange(S) - P
+        width = S if window is None else P + ends[window]
+        column_S = jnp.arange(width) - P
         written_CS = (column_S >= 0) & (jnp.remainder(ring - column_S, M) < lanes.step[:, None])
         prompt_CS = (column_S < 0) & (column_S >= -lanes.prompt_length[:, None])
         active_C = ~lanes.done
         # A later ring block is read when an active lane has written into it since it entered
         # (the other lanes' outputs are dropped); the first block, with the prompts, always.
         # One block: no choice to make, and no cond.
-        live_n = None
-        if len(ends) > 1:
+        live_n, read = None, lanes.cache
+        if window is not None:
+            read = KVCache(
+                k=tuple(blocks[: window + 1] for blocks in lanes.cache.k),
+                v=tuple(blocks[: window + 1] for blocks in lanes.cache.v),
+            )
+        elif len(ends) > 1:
             read_CM = written_CS[:, P:] & active_C[:, None]
             live_n = jnp.stack(
                 [jnp.bool_(True)]
@@ -223,13 +239,24 @@ def _generate_continuous(
         h_C1D, cache = model.extend_cache(
             lanes.last[:, None],
             (lanes.prompt_length + lanes.step - 1)[:, None],
-            cache=lanes.cache,
+            cache=read,
             cache_index=P + ring,
             key_mask_BS=prompt_CS | written_CS,
             layers=layers,
             causal_by_slot=False,
             live_blocks=live_n,
         )
+        if window is not None:  # the blocks after the window, untouched
+            cache = KVCache(
+                k=tuple(
+                    (*new, *old[window + 1 :])
+                    for new, old in zip(cache.k, lanes.cache.k, strict=True)
+                ),
+                v=tuple(
+                    (*new, *old[window + 1 :])
+                    for new, old in zip(cache.v, lanes.cache.v, strict=True)
+                ),
+            )
         token_C, logprob_C = draw(model.logits(h_C1D)[:, 0], lanes.request, lanes.step)
         lanes = lanes._replace(cache=cache, iterations=lanes.iterations + 1)
         lanes = emit(lanes, active_C, token_C, logprob_C)
@@ -298,7 +325,19 @@ def _generate_continuous(
         finish_reasons=jnp.full((R,), int(FinishReason.LENGTH), jnp.int32),
     )
     halve_at = sizes[0] if sizes else None
-    lanes = jax.lax.while_loop(lambda x: busy(x, halve_at), decode, enter_requests(lanes))
+    lanes = enter_requests(lanes)
+    if C >= R:
+        # No queue, every request in its lane from the start: no refill, and ring slot g is
+        # written at step g by every lane still active, so window i's steps read blocks 0..i and
+        # write into block i (the static loop's windows).
+        for i, end in enumerate(ends):
+            lanes = jax.lax.while_loop(
+                lambda x, e=end: busy(x, halve_at) & (x.iterations < e),
+                functools.partial(decode, refill=False, window=i),
+                lanes,
+            )
+    else:
+        lanes = jax.lax.while_loop(lambda x: busy(x, halve_at), decode, lanes)
     for i, size in enumerate(sizes):
         # The queue is empty: no refill, and no more than `size` lanes still active.
         halve_at = sizes[i + 1] if i + 1 < len(sizes) else None

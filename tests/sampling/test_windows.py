@@ -119,8 +119,10 @@ def _lanes(model, lanes, window, *, key=3, eos_ids=EOS, top_p=1.0):
 
 
 # 1 lane: each request alone, its ring slots wrapping from wherever the last one stopped; 5 and
-# 8: requests of every age side by side, so the blocks read wrap around the ring's end.
-@pytest.mark.parametrize("lanes, top_p", [(1, 1.0), (5, 1.0), (8, 0.9)])
+# 8: requests of every age side by side, so the blocks read wrap around the ring's end. 24 (a
+# lane per request) and 32 (8 lanes idle): no queue, so the static loop's windows first, then
+# the halved lanes' ring blocks.
+@pytest.mark.parametrize("lanes, top_p", [(1, 1.0), (5, 1.0), (8, 0.9), (24, 1.0), (32, 0.9)])
 def test_continuous_windows_give_the_whole_caches_completions(model, lanes, top_p):
     want = sample(model, 8, batching="static", decode_window=M, top_p=top_p)
     got = _lanes(model, lanes, 3, top_p=top_p)  # blocks of 24 + 3, 3, 3 and 1 slots
@@ -136,9 +138,11 @@ def test_continuous_windows_match_a_forward_pass_alone(model):
     _assert_long_ones_match_a_forward_pass(model, _lanes(model, 5, 3), range(5, len(SLOTS)))
 
 
-def test_continuous_windows_compile_once_for_every_live_length(model):
+@pytest.mark.parametrize("lanes", [5, 24])
+def test_continuous_windows_compile_once_for_every_live_length(model, lanes):
     lengths = _runs_after_the_first(
-        _generate_continuous, lambda key, eos_ids: _lanes(model, 5, 3, key=key, eos_ids=eos_ids)
+        _generate_continuous,
+        lambda key, eos_ids: _lanes(model, lanes, 3, key=key, eos_ids=eos_ids),
     )
     assert len({int(n) for n in np.concatenate(lengths)}) >= 5, lengths
 
