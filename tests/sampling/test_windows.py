@@ -2,12 +2,14 @@
 
 The static loop's step reads the blocks up to its own: its live positions rounded up to a window.
 The continuous loop's lanes share a ring of completion slots in those blocks, and a step skips
-(`lax.cond`) the ring blocks no active lane has written into since it entered. The completions
-are those of one window over the whole `P + M` cache (the samplers before windows) and of a full
-forward pass alone; one compilation serves every live length; a block marked dead is not read at
-all (NaN there stays out of the result). Planted, each seen failing: a window's key mask that
+(`lax.cond`) the ring blocks no active lane has written into since it entered; with a lane per
+request (no queue) it first runs the static loop's windows, no cond. The completions are those
+of one window over the whole `P + M` cache (the samplers before windows) and of a full forward
+pass alone; one compilation serves every live length; a block marked dead is not read at all
+(NaN there stays out of the result). Planted, each seen failing: a window's key mask that
 hides the earlier windows' slots while they are live, a window that skips the blocks between the
-first and its own, and (continuous) a live ring block taken for dead."""
+first and its own, and (continuous) a live ring block taken for dead and a window loop (no queue)
+running a step past its block."""
 
 import jax
 import jax.numpy as jnp
