@@ -246,13 +246,14 @@ def make_optimizer(
 
 def policy_overrides(config: Mapping[str, Any]) -> dict[str, Any]:
     """How a run's policy runs, whatever its checkpoint stores: float32 master parameters (the
-    optimizer's), and the run config's `model.compute_dtype`, `remat`, `scan_layers` and
-    `attention`."""
+    optimizer's), and the run config's `model.compute_dtype`, `remat`, `remat_policy`,
+    `scan_layers` and `attention`."""
     model = config["model"]
     return dict(
         param_dtype="float32",
         compute_dtype=model.get("compute_dtype", "float32"),
         remat=bool(model.get("remat", False)),
+        remat_policy=model.get("remat_policy", "nothing"),
         scan_layers=bool(model.get("scan_layers", True)),
         attention=model.get("attention", "auto"),
     )

@@ -2,7 +2,8 @@
 sharding specs, HuggingFace folders in and out, and the mesh convention every layer above uses.
 
 - `Decoder`, `DecoderConfig` (presets), `init_decoder`, `abstract_decoder`, `KVCache`;
-  `attention_implementation`, the attention path a config takes (`ATTENTION_IMPLEMENTATIONS`).
+  `attention_implementation`, the attention path a config takes (`ATTENTION_IMPLEMENTATIONS`);
+  `REMAT_POLICIES`, what a rematerialised block keeps.
 - `from_pretrained`, `save_pretrained`, `hf_tensors`, `load_tokenizer`; a folder that does not
   match its config raises `ModelFolderError`.
 - The mesh convention: `MESH_AXES` (`data` x `fsdp` x `tensor`, Auto axes), `make_mesh`,
@@ -13,6 +14,7 @@ sharding specs, HuggingFace folders in and out, and the mesh convention every la
 
 from gdro_jax.models._config import (
     ATTENTION_IMPLEMENTATIONS,
+    REMAT_POLICIES,
     SUPPORTED_ARCHITECTURES,
     DecoderConfig,
     Llama3RopeScaling,
@@ -51,6 +53,7 @@ from gdro_jax.models._sharding import ShardingConfig, constrain
 
 __all__ = [
     "ATTENTION_IMPLEMENTATIONS",
+    "REMAT_POLICIES",
     "Footprint",
     "memory_footprint",
     "BATCH_AXES",

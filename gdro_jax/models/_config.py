@@ -18,6 +18,8 @@ SUPPORTED_ARCHITECTURES = {
 _ARCHITECTURE_OF_FAMILY = {family: arch for arch, family in SUPPORTED_ARCHITECTURES.items()}
 _DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn")
+# What a rematerialised block keeps for the backward pass (`DecoderConfig.remat_policy`).
+REMAT_POLICIES = ("nothing", "dots")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +62,11 @@ class DecoderConfig:
       param_dtype: dtype parameters are stored in ("float32", "bfloat16" or "float16").
       compute_dtype: dtype of activations and matmuls; norms, softmax and logits stay float32.
       remat: recompute each block's activations in the backward pass (saves memory).
+      remat_policy: what a rematerialised block keeps (with `remat`): "nothing" (its input
+        only; the backward pass runs the whole block's forward pass again) or "dots" (also the
+        outputs of its seven projections, the matmuls without batch dimensions: the backward pass
+        recomputes only the norms, RoPE, attention and the SwiGLU, at the cost of the kept
+        outputs' memory, `(N + 2K) H + 2D + 2F` values a token a layer).
       scan_layers: one `lax.scan` over the blocks, not an unrolled loop. Compile time is then
         independent of depth; the unrolled loop is faster on CPU, where the scan's stacked
         residual buffers cost memory traffic, and compiles in time growing with depth. The
@@ -95,6 +102,7 @@ class DecoderConfig:
     param_dtype: str = "float32"
     compute_dtype: str = "float32"
     remat: bool = False
+    remat_policy: str = "nothing"
     scan_layers: bool = True
     attention: str = "auto"
     bos_token_id: int | None = None
@@ -129,6 +137,11 @@ class DecoderConfig:
             raise ValueError(
                 f"DecoderConfig.attention must be one of {ATTENTION_IMPLEMENTATIONS}, "
                 f"got {self.attention!r}"
+            )
+        if self.remat_policy not in REMAT_POLICIES:
+            raise ValueError(
+                f"DecoderConfig.remat_policy must be one of {REMAT_POLICIES}, "
+                f"got {self.remat_policy!r}"
             )
         for name in ("param_dtype", "compute_dtype"):
             # Accept jnp dtypes and normalise to a name so the config stays hashable and printable.

@@ -37,6 +37,13 @@ from gdro_jax.models._config import DecoderConfig
 from gdro_jax.models._mesh import check_mesh
 from gdro_jax.models._sharding import ShardingConfig, constrain, state_shardings
 
+# `DecoderConfig.remat_policy` -> what `jax.checkpoint` keeps of a block. `_dense` flattens its
+# rows, so the seven projections are matmuls without batch dimensions, and the attention's
+# einsums (batched over B and K) are not kept.
+_REMAT_POLICY = {
+    "nothing": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
 _INIT_STD = 0.02  # transformers' `initializer_range` default for these families
 # A finite "minus infinity": a query whose keys are all masked (a pad row) gets a uniform softmax
 # instead of NaNs, which would otherwise leak into gradients through the masked-out rows.
@@ -223,12 +230,23 @@ def attention_implementation(config: DecoderConfig, platform: str | None = None)
     return "cudnn" if fused else "xla"
 
 
-def _fused_attention(q_BTNH, k_BTKH, v_BTKH, allowed_BTS):
+def _fused_attention(q_BTNH, k_BTKH, v_BTKH, allowed_BTS, implementation="cudnn", causal=True):
     """Attention through `jax.nn.dot_product_attention`'s cuDNN kernel: the mask (causal within
     a segment, real keys) goes in as one [B, 1, T, S] boolean, broadcast over heads, and no
-    [B, N, T, S] score tensor is materialised."""
+    [B, N, T, S] score tensor is materialised.
+
+    Only a full forward pass comes here (T = S, query t at slot t), whose mask is already causal,
+    so `is_causal` (`causal`) changes no value: it tells the kernel that the tiles above the
+    diagonal are all masked, and it skips them, about half the scores' work. `implementation`
+    and `causal` are there for tests and the accelerator benchmark ("xla" runs on any device).
+    """
     return jax.nn.dot_product_attention(
-        q_BTNH, k_BTKH, v_BTKH, mask=allowed_BTS[:, None], implementation="cudnn"
+        q_BTNH,
+        k_BTKH,
+        v_BTKH,
+        mask=allowed_BTS[:, None],
+        is_causal=causal,
+        implementation=implementation,
     )
 
 
@@ -593,7 +611,7 @@ class Decoder(nnx.Module):
                 return apply(nnx.merge(graphdef, params), x_BTD, cache=None)[0]
 
             if c.remat:
-                block = jax.checkpoint(block, policy=jax.checkpoint_policies.nothing_saveable)
+                block = jax.checkpoint(block, policy=_REMAT_POLICY[c.remat_policy])
             if c.scan_layers:
                 x_BTD, _ = jax.lax.scan(lambda x, p: (block(x, p), None), x_BTD, layer_state)
             else:

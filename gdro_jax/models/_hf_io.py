@@ -228,6 +228,7 @@ def from_pretrained(
     mesh: Mesh | None = None,
     sharding: ShardingConfig | None = None,
     remat: bool = False,
+    remat_policy: str = "nothing",
     scan_layers: bool = True,
     attention: str = "auto",
 ) -> Decoder:
@@ -242,6 +243,7 @@ def from_pretrained(
         for one device.
       sharding: parameter/activation specs (default ShardingConfig()).
       remat: recompute block activations in the backward pass.
+      remat_policy: what a rematerialised block keeps ("nothing" or "dots"; see DecoderConfig).
       scan_layers: run a full forward pass's blocks as one `lax.scan` (False: unrolled, faster
         on CPU; see DecoderConfig).
       attention: the attention backend of a full forward pass ("auto", "xla" or "cudnn"; see
@@ -262,6 +264,7 @@ def from_pretrained(
         param_dtype=jnp.dtype(dtype).name,
         compute_dtype=jnp.dtype(compute_dtype or dtype).name,
         remat=remat,
+        remat_policy=remat_policy,
         scan_layers=scan_layers,
         attention=attention,
     )

@@ -16,7 +16,8 @@ over-states a GPU's temporaries for `compute_dtype="bfloat16"`.
 `check_memory_plan` is what `build_run` calls when `config.device_memory_gib` is set: a plan over
 the budget raises a ValueError with the table and the knob to turn before any parameter exists.
 `memory_plan(..., suggest=True)` also searches the largest micro-batch sizes that fit, turning on
-`model.remat` for the update when no micro-batch fits without it.
+`model.remat` for the update when no micro-batch fits without it (with `model.remat_policy`
+"nothing": a block that keeps its projections' outputs, "dots", holds more).
 
 One module over 400 lines, on purpose: the plan's record, its table and its advice to the
 user are one thing read together; the compiling lives in `_planner.py`.
@@ -60,9 +61,11 @@ class MemoryPlan(NamedTuple):
     notes: tuple[str, ...]  # how the numbers were obtained
     fitting_rollout_slots: int | None = None  # the largest rollout micro-batch that fits
     fitting_update_slots: int | None = None  # the largest update micro-batch that fits
-    fitting_needs_remat: bool = False  # that update micro-batch fits only with model.remat=True
+    # That update micro-batch fits only with model.remat=True and model.remat_policy="nothing".
+    fitting_needs_remat: bool = False
     compiled: bool = True  # False: the persistent state and KV cache alone exceeded the budget
     remat: bool = False  # whether the update recomputes block activations (model.remat)
+    remat_policy: str = "nothing"  # what a rematerialised block keeps (model.remat_policy)
     searched: bool = False  # whether the micro-batches that fit were searched for
 
     @property
@@ -151,20 +154,35 @@ class MemoryPlan(NamedTuple):
         if self.persistent >= self.budget:
             return f"  no micro-batch size fits beside the persistent state: raise {FSDP}"
         rollout, update = self.fitting_rollout_slots, self.fitting_update_slots
-        remat = "--config.model.remat=True " if self.fitting_needs_remat else ""
+        remat = "".join(f"--config.{flag} " for flag in self._full_remat_flags())
         parts = [
             f"--config.{ROLLOUT}={rollout}" if rollout else f"(no {ROLLOUT} fits)",
             f"{remat}--config.{UPDATE}={update}"
             if update
-            else f"(no {UPDATE} fits, even with model.remat=True)",
+            else f"(no {UPDATE} fits, even with model.remat=True and remat_policy=nothing)",
         ]
         return "  largest micro-batches that fit: " + " ".join(parts)
 
+    def _full_remat_flags(self) -> list[str]:
+        """The settings the fitting update micro-batch needs beyond the config's: the full
+        remat (nothing kept)."""
+        if not self.fitting_needs_remat:
+            return []
+        return [
+            setting
+            for setting, already in (
+                ("model.remat=True", self.remat),
+                ("model.remat_policy=nothing", self.remat_policy == "nothing"),
+            )
+            if not already
+        ]
+
     def _advice(self, prefix: str = "config.") -> str:
         steps = [f"{_TURN[knob]} {prefix}{knob}" for knob in self.knobs()]
-        if UPDATE in self.knobs() and not self.remat:
+        if UPDATE in self.knobs() and not (self.remat and self.remat_policy == "nothing"):
             where = self.knobs().index(UPDATE)
-            steps[where] += f" or set {prefix}model.remat=True"
+            setting = "remat_policy=nothing" if self.remat else "remat=True"
+            steps[where] += f" or set {prefix}model.{setting}"
         return ", then ".join(steps)
 
     def error(self) -> str:
@@ -176,8 +194,8 @@ class MemoryPlan(NamedTuple):
                 for knob, slots in self._fitting().items()
                 if slots and knob in self.knobs()
             ]
-            if self.fitting_needs_remat and self.fitting_update_slots and UPDATE in self.knobs():
-                sizes.append("model.remat=True")
+            if self.fitting_update_slots and UPDATE in self.knobs():
+                sizes.extend(self._full_remat_flags())
             if sizes:
                 advice += " (largest that fit: " + ", ".join(sizes) + ")"
         return (
@@ -364,6 +382,7 @@ def memory_plan(
         notes=tuple(notes),
         compiled=compiled,
         remat=c.remat,
+        remat_policy=c.remat_policy,
     )
     if not suggest or budget is None or not compiled:
         return plan
@@ -376,22 +395,23 @@ def memory_plan(
         known=rollout_slots,
     )
     minibatch = planner.candidates(planner.minibatch_slots)
-    remat = planner.model_config.remat
     update = _largest_fitting(
         minibatch, lambda slots: planner.update_bytes(slots) <= room, known=update_slots
     )
-    if update is None and not remat:
+    needs_remat = False
+    if update is None and not (c.remat and c.remat_policy == "nothing"):
         # Without remat every layer's activations (attention probabilities included) stay
-        # alive for the backward pass: one long sequence alone can exceed a device.
+        # alive for the backward pass: one long sequence alone can exceed a device. With
+        # "dots" every projection's output does.
         update = _largest_fitting(
-            minibatch, lambda slots: planner.update_bytes(slots, True) <= room
+            minibatch, lambda slots: planner.update_bytes(slots, full_remat=True) <= room
         )
-        remat = update is not None
+        needs_remat = update is not None
     return plan._replace(
         searched=True,
         fitting_rollout_slots=rollout,
         fitting_update_slots=update,
-        fitting_needs_remat=remat and not planner.model_config.remat,
+        fitting_needs_remat=needs_remat,
     )
 
 

@@ -1,5 +1,7 @@
 """The attention backend a full forward pass takes (`DecoderConfig.attention`)."""
 
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from gdro_jax import configs, models
@@ -49,3 +51,49 @@ def test_a_runs_attention_reaches_a_policy_loaded_from_its_folder(tmp_path):
     assert policy.config.attention == "xla"
     config.init_from = str(tmp_path)
     assert configs.policy_config(config).attention == "xla"
+
+
+def _reference_attention(q, k, v, allowed):
+    """Loops over rows, query heads and positions: query head n reads key/value head n // G,
+    a softmax over the allowed keys (float64; zeros where a query has none)."""
+    B, T, N, H = q.shape
+    G = N // k.shape[2]
+    out = np.zeros((B, T, N, H))
+    for b in range(B):
+        for n in range(N):
+            for t in range(T):
+                keys = np.flatnonzero(allowed[b, t])
+                if not len(keys):
+                    continue
+                scores = k[b, keys, n // G] @ q[b, t, n] / np.sqrt(H)
+                weights = np.exp(scores - scores.max())
+                out[b, t, n] = weights @ v[b, keys, n // G] / weights.sum()
+    return out
+
+
+def test_the_fused_calls_mask_and_is_causal_give_the_models_attention():
+    """`_fused_attention` (the cuDNN path) hands `jax.nn.dot_product_attention` the model's mask
+    with `is_causal=True`. Run through jax's XLA implementation of that same call (cuDNN needs a
+    GPU): left-padded rows and a packed row of two segments, against a loop (float32, within
+    1e-5), with and without `is_causal` (the mask is causal already, so nothing changes) and
+    against the einsum path the sampler takes. Rows with no allowed key (left padding) are left
+    out: no loss reads them."""
+    from gdro_jax.models._decoder import _attention, _fused_attention
+
+    B, T, N, K, H = 3, 7, 4, 2, 8
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((B, T, heads, H)).astype(np.float32) for heads in (N, K, K))
+    real = np.arange(T)[None] >= np.array([[0], [3], [0]])  # row 1 left-padded by 3
+    segment = np.where(np.arange(T)[None] < np.array([[T], [T], [4]]), 1, 2)  # row 2 packed
+    causal = np.arange(T)[None, :] <= np.arange(T)[:, None]
+    allowed = real[:, None, :] & causal & (segment[:, :, None] == segment[:, None, :])
+    some = allowed.any(axis=-1)
+    want = _reference_attention(q, k, v, allowed)[some]
+    args = (jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.asarray(allowed))
+    for is_causal in (True, False):
+        got = _fused_attention(*args, implementation="xla", causal=is_causal)
+        np.testing.assert_allclose(np.asarray(got)[some], want, rtol=0, atol=1e-5)
+    einsum = _attention(
+        args[0], args[1].transpose(0, 2, 3, 1), args[2].transpose(0, 2, 1, 3), args[3]
+    )
+    np.testing.assert_allclose(np.asarray(einsum)[some], want, rtol=0, atol=1e-5)

@@ -237,3 +237,32 @@ def test_a_math_run_is_planned_without_a_tokenizer():
     assert "packed row of 20 tokens per pass" in table, table
     with pytest.raises(ValueError, match="the math task needs a tokenizer"):
         configs.read_run_config(config)
+
+
+def test_a_remat_policy_over_the_budget_is_advised_down_to_the_full_remat():
+    """With `model.remat_policy="dots"` the update keeps its projections' outputs: XLA's buffer
+    assignment holds more than with "nothing". With a budget between the two (mini-batches of
+    4 slots on 4 batch shards: no smaller micro-batch to try), the search falls back to the full
+    remat and says the one setting that differs from the config's."""
+    config = small_config(
+        **{"model.remat": True, "model.remat_policy": "dots", "grpo.micro_batch_slots": 4}
+    )
+    settings = configs.read_run_config(config)
+    mesh = configs.run_mesh(settings)
+    probe = planner.Planner(settings, mesh, None, None)
+    assert probe.candidates(probe.minibatch_slots) == [4]
+    dots, nothing = probe.update_bytes(4), probe.update_bytes(4, full_remat=True)
+    assert dots > nothing
+    reference = probe.parameter_bytes if probe.reference else 0
+    persistent = probe.parameter_bytes + reference + planner.bytes_per_device(probe.opt_state)
+    config.device_memory_gib = (persistent + (dots + nothing) / 2) / GIB
+    plan = planner.memory_plan(config, mesh, suggest=True)
+    assert plan.update == dots and not plan.fits
+    assert plan.fitting_update_slots == 4 and plan.fitting_needs_remat
+    suggestion = [line for line in plan.table().splitlines() if "largest micro-batches" in line]
+    assert suggestion[0].endswith(
+        "--config.model.remat_policy=nothing --config.grpo.micro_batch_slots=4"
+    )
+    assert "model.remat=True" not in suggestion[0]  # the config has it already
+    if "grpo.micro_batch_slots" in plan.knobs():
+        assert "or set config.model.remat_policy=nothing" in plan.error()
