@@ -73,7 +73,16 @@ each, next to some 62 GiB of state, gradients and the update's new state).
   attention  cuDNN's fused attention against XLA's (GPUs only) on the 1.7B shape in bfloat16:
            the loss, logits and gradients of four left-padded rows of 1,024 tokens, and a packed
            row of two segments finite; the wall time of a forward and backward pass of one
-           8,192-token sequence each.
+           8,192-token sequence each; and the kernel alone on that sequence, the causal mask
+           only against the mask with `is_causal=True` (what the model passes: the kernel skips
+           the tiles above the diagonal).
+  update_candidates  not in the default run (`--sections=update,update_candidates`, the update
+           first as their baseline; about 2-3 minutes more): the update section's work again
+           for each of `UPDATE_CANDIDATES`, a policy of its own with some run-config fields
+           changed: `model.remat_policy="dots"` (remat keeps the projections' outputs, so the
+           backward pass does not redo them) and `grpo.logprob_chunk_tokens=256` (the output
+           projection and log-softmax 256 positions at a time, no [B, T, V] float32 logits),
+           each with its MFU and the update section's median over its own.
 
 Every call is made once first (compilation; the table's compile seconds are that call's time minus
 the median), then `--repeats` times (the two prefill variants alternately), each waited for with
@@ -125,8 +134,8 @@ _PEAK_HBM_GBS = flags.DEFINE_float(
 _SECTIONS = flags.DEFINE_list(
     "sections",
     None,
-    "The measurements to run, in this order (default: all): decode, prefill_sharing, live, "
-    "engines, packed, attention, update.",
+    "The measurements to run, in this order (default: all but update_candidates): decode, "
+    "prefill_sharing, live, engines, packed, attention, update, update_candidates.",
 )
 
 DATASET_PROMPTS = 14048  # the classifier tracks a DAPO-Math-sized pool (dapo_math_en)
@@ -261,6 +270,14 @@ SHAPES = {
     ),
 }
 SECTIONS = ("decode", "prefill_sharing", "live", "engines", "packed", "attention", "update")
+# The update's MFU candidates (issue 46): the `update` section again, each with some run-config
+# fields changed. Asked for by name (`--sections=update,update_candidates`): with the default
+# sections it would pass the 8 minutes one chip's run should take.
+UPDATE_CANDIDATES = {
+    "remat_dots": {"model.remat_policy": "dots"},  # keep the projections' outputs
+    "logits_chunk_256": {"grpo.logprob_chunk_tokens": 256},  # [B, 256, V] logits at a time
+}
+ALL_SECTIONS = (*SECTIONS, "update_candidates")
 
 
 def chip_peaks(device_kind: str) -> tuple[float | None, float | None]:
@@ -385,10 +402,47 @@ def bench_update(
         new_tokens=work.new_tokens,
         tokens=slots * seq_len,
         reference_forward=reference,
+        remat_policy=c.remat_policy if c.remat else None,
+        logprob_chunk_tokens=grpo.logprob_chunk_tokens,
         model_flops=flops,
         flops_per_s=flops_per_s,
         mfu=None if peak_flops is None else flops_per_s / peak_flops,
     )
+
+
+def bench_update_candidates(
+    config: ml_collections.ConfigDict,
+    shape: Shape,
+    *,
+    repeats: int,
+    peak_flops: float | None,
+) -> dict:
+    """`bench_update` once per `UPDATE_CANDIDATES` entry, on a policy of its own (the same seed),
+    the run config's fields changed as the entry says; one out of device memory is reported as
+    skipped and the others still run."""
+    results = {}
+    for name, overrides in UPDATE_CANDIDATES.items():
+        candidate = ml_collections.ConfigDict(config.to_dict())
+        for field, value in overrides.items():
+            *blocks, key = field.split(".")
+            functools.reduce(lambda block, name: block[name], blocks, candidate)[key] = value
+        model = models.init_decoder(
+            models.DecoderConfig.from_dict(candidate.model.to_dict()), seed=candidate.seed
+        )
+        result = _section(
+            f"update_candidates: {name}",
+            lambda candidate=candidate, model=model: bench_update(
+                candidate,
+                model,
+                shape,
+                matmul_weights=matmul_weight_count(model),
+                repeats=repeats,
+                peak_flops=peak_flops,
+            ),
+        )
+        results[name] = dict(result, overrides=overrides)
+        del model
+    return dict(candidates=results)
 
 
 def bench_decode(
@@ -700,6 +754,7 @@ def bench_attention(config: models.DecoderConfig, attention: Attention, *, repea
         )
     )
     timing = timed({name: (lambda m=model: step_fn(m)) for name, model in pair.items()}, repeats)
+    kernel = _causal_kernel(c, attention.time_len, repeats=repeats)
     return dict(
         agree_len=attention.agree_len,
         time_len=attention.time_len,
@@ -710,6 +765,43 @@ def bench_attention(config: models.DecoderConfig, attention: Attention, *, repea
         xla=timing["xla"],
         cudnn=timing["cudnn"],
         speedup=timing["xla"]["median_s"] / timing["cudnn"]["median_s"],
+        kernel=kernel,
+    )
+
+
+def _causal_kernel(c: models.DecoderConfig, seq_len: int, *, repeats: int) -> dict:
+    """The cuDNN kernel alone (`models._decoder._fused_attention`), forward and backward on one
+    `seq_len`-token sequence with the model's heads and a causal mask: the mask only against
+    the mask with `is_causal=True` (what the model passes), which lets it skip the tiles above
+    the diagonal; and how far apart their outputs are (the same values, up to the kernel's
+    rounding)."""
+    from gdro_jax.models._decoder import _fused_attention
+
+    rng = np.random.default_rng(11)
+    dtype = jnp.dtype(c.compute_dtype)
+    q, k, v = (
+        jnp.asarray(rng.standard_normal((1, seq_len, heads, c.head_dim)), dtype)
+        for heads in (c.num_heads, c.num_kv_heads, c.num_kv_heads)
+    )
+    allowed = jnp.tril(jnp.ones((1, seq_len, seq_len), bool))
+
+    def grad_fn(causal):
+        def loss(q, k, v):
+            out = _fused_attention(q, k, v, allowed, causal=causal)
+            return jnp.sum(out.astype(jnp.float32) ** 2), out
+
+        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
+
+    fns = {"mask_only": grad_fn(False), "mask_and_causal": grad_fn(True)}
+    outputs = {name: fn(q, k, v)[0][1].astype(jnp.float32) for name, fn in fns.items()}
+    timing = timed({name: (lambda fn=fn: fn(q, k, v)) for name, fn in fns.items()}, repeats)
+    gap = jnp.max(jnp.abs(outputs["mask_only"] - outputs["mask_and_causal"]))
+    return dict(
+        seq_len=seq_len,
+        mask_only=timing["mask_only"],
+        mask_and_causal=timing["mask_and_causal"],
+        speedup=timing["mask_only"]["median_s"] / timing["mask_and_causal"]["median_s"],
+        max_abs_difference=float(gap),
     )
 
 
@@ -847,10 +939,33 @@ def _print_attention(attention: dict) -> None:
         f"{attention['time_len']}: {attention['xla']['median_s']:.3f} s against "
         f"{attention['cudnn']['median_s']:.3f} s, {attention['speedup']:.2f}x"
     )
+    kernel = attention["kernel"]
+    print(
+        f"cuDNN kernel alone, forward + backward at T = {kernel['seq_len']}: the mask only "
+        f"{kernel['mask_only']['median_s'] * 1e3:.2f} ms, with is_causal "
+        f"{kernel['mask_and_causal']['median_s'] * 1e3:.2f} ms, {kernel['speedup']:.2f}x "
+        f"(outputs within {kernel['max_abs_difference']:.1e})"
+    )
+
+
+def _print_update_candidates(report: dict) -> None:
+    base = report["update"]
+    print("\nupdate MFU candidates (the update section's work, some run-config fields changed):")
+    print("| candidate | changes | median s | MFU | update / candidate |")
+    print("|---|---|---:|---:|---:|")
+    for name, row in report["update_candidates"]["candidates"].items():
+        changes = ", ".join(f"{field}={value}" for field, value in row["overrides"].items())
+        if "skipped" in row:
+            print(f"| {name} | {changes} | {row['skipped']} | | |")
+            continue
+        ratio = "n/a" if "skipped" in base else f"{base['median_s'] / row['median_s']:.2f}x"
+        print(f"| {name} | {changes} | {row['median_s']:.3f} | {_percent(row['mfu'])} | {ratio} |")
 
 
 def print_sections(report: dict) -> None:
     """The sections beyond the main table, each where it ran (else its reason)."""
+    if "skipped" not in report["update_candidates"]:
+        _print_update_candidates(report)
     printers = dict(
         live=_print_live, engines=_print_engines, packed=_print_packed, attention=_print_attention
     )
@@ -874,9 +989,12 @@ def main(argv: list[str]) -> None:
     if _REPEATS.value < 1:
         _fail(f"--repeats must be >= 1, got repeats={_REPEATS.value}")
     sections = SECTIONS if _SECTIONS.value is None else tuple(_SECTIONS.value)
-    unknown = [name for name in sections if name not in SECTIONS]
+    unknown = [name for name in sections if name not in ALL_SECTIONS]
     if unknown or not sections:
-        _fail(f"--sections must name some of {', '.join(SECTIONS)}, got sections={_SECTIONS.value}")
+        _fail(
+            f"--sections must name some of {', '.join(ALL_SECTIONS)}, "
+            f"got sections={_SECTIONS.value}"
+        )
     out = _OUT.value
     if out and (os.path.isdir(out) or not os.path.isdir(os.path.dirname(out) or ".")):
         _fail(f"--out must name a file in an existing folder, got out={out}")
@@ -923,8 +1041,11 @@ def main(argv: list[str]) -> None:
             repeats=repeats,
             peak_flops=peak_flops,
         ),
+        "update_candidates": lambda: bench_update_candidates(
+            config, shape, repeats=repeats, peak_flops=peak_flops
+        ),
     }
-    for name in SECTIONS:
+    for name in ALL_SECTIONS:
         report[name] = _section(name, runs[name]) if name in sections else dict(skipped="not asked")
     print_table(report)
     print_sections(report)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import accelerator
 from gdro_jax import models
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -17,7 +18,8 @@ PEAK_TFLOPS, PEAK_HBM_GBS = 2.0, 50.0
 SECTIONS = {
     "update": (
         "compile_s", "median_s", "times_s", "slots", "minibatches", "prompt_len", "new_tokens",
-        "tokens", "reference_forward", "model_flops", "flops_per_s", "mfu",
+        "tokens", "reference_forward", "remat_policy", "logprob_chunk_tokens", "model_flops",
+        "flops_per_s", "mfu",
     ),
     "decode": (
         "compile_s", "median_s", "times_s", "slots", "prompt_len", "new_tokens", "tokens",
@@ -32,6 +34,7 @@ SECTIONS = {
     "packed": ("slots", "prompt_len", "new_tokens", "pass_rows", "real_tokens", "padded_tokens",
                "packed_rows", "packed_compiles", "padded", "packed", "speedup"),
     "attention": ("skipped",),  # cuDNN's path needs a GPU
+    "update_candidates": ("candidates",),
 }  # fmt: skip
 TOP_LEVEL = (
     "shape", "device_kind", "platform", "jax_version", "repeats", "model", "param_count",
@@ -60,6 +63,8 @@ def run(tmp_path_factory):
         f"--out={out}",
         f"--peak-tflops={PEAK_TFLOPS}",
         f"--peak-hbm-gbs={PEAK_HBM_GBS}",
+        # Every section: the default ones and the update's candidates, asked for by name.
+        "--sections=" + ",".join(accelerator.ALL_SECTIONS),
         # Only the figures' relations are asserted, not their values: compile a third faster.
         JAX_DISABLE_MOST_OPTIMIZATIONS="1",
     )
@@ -207,6 +212,31 @@ def test_packed_update_compiles_once_and_counts_real_tokens(run):
         assert packed[form]["real_tokens_per_s"] == pytest.approx(rate, rel=1e-9)
     ratio = packed["padded"]["median_s"] / packed["packed"]["median_s"]
     assert packed["speedup"] == pytest.approx(ratio, rel=1e-9)
+
+
+@pytest.mark.slow
+def test_update_candidates_run_the_same_work_with_their_fields_changed(run):
+    """Each candidate is the update section's work (the same model FLOPs) with the run-config
+    fields it names changed, as the update read them back; the table prints each row."""
+    report, printed = run
+    update, candidates = report["update"], report["update_candidates"]["candidates"]
+    assert set(candidates) == set(accelerator.UPDATE_CANDIDATES)
+    assert (update["remat_policy"], update["logprob_chunk_tokens"]) == ("nothing", 1024)
+    settings = {
+        "model.remat_policy": "remat_policy",
+        "grpo.logprob_chunk_tokens": "logprob_chunk_tokens",
+    }
+    for name, row in candidates.items():
+        assert row["overrides"] == accelerator.UPDATE_CANDIDATES[name]
+        for field, value in row["overrides"].items():
+            assert row[settings[field]] == value, (name, field)
+        unchanged = set(settings.values()) - {settings[field] for field in row["overrides"]}
+        for key in unchanged:
+            assert row[key] == update[key], (name, key)
+        assert row["model_flops"] == update["model_flops"] and row["tokens"] == update["tokens"]
+        mfu = row["model_flops"] / row["median_s"] / (PEAK_TFLOPS * 1e12)
+        assert row["mfu"] == pytest.approx(mfu, rel=1e-9)
+        assert f"| {name} |" in printed
 
 
 @pytest.mark.slow
