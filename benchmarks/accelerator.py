@@ -59,7 +59,9 @@ each, next to some 62 GiB of state, gradients and the update's new state).
            at caps M = 128, 256 and 512: between two caps, the difference of the median wall
            times over the difference of the steps is the cost of one step in that range, at its
            middle live length (the first range carries the prefill); and at M = 512 with one
-           window (every step reads the whole P + M cache) against the windows.
+           window (every step reads the whole P + M cache) against the windows, and with the
+           decode loop's stop condition checked once per 8 steps (`stop_check_every=8`: a
+           GPU's while loop copies its condition to the host and waits, each iteration).
   engines  Qwen3-0.6B shape, bfloat16, 32 prompts x 8 rollouts: static batching (all 256 slots
            until the longest stops) against continuous batching (64 lanes), completion tokens/s,
            on `benchmarks/rollout_engines.py`'s uneven (64-token prompts, up to 256 new) and long
@@ -278,6 +280,10 @@ UPDATE_CANDIDATES = {
     "logits_chunk_256": {"grpo.logprob_chunk_tokens": 256},  # [B, 256, V] logits at a time
 }
 ALL_SECTIONS = (*SECTIONS, "update_candidates")
+# The live section's largest cap again with the decode loop's stop condition checked once per
+# this many steps (issue 46: on a GPU a while loop's condition is copied to the host and waited
+# for at every iteration).
+LIVE_STOP_CHECK_EVERY = 8
 
 
 def chip_peaks(device_kind: str) -> tuple[float | None, float | None]:
@@ -530,11 +536,12 @@ def bench_live(model: models.Decoder, work: Work, caps: tuple[int, ...], *, repe
     caps the wall times' difference over the steps' difference is the cost of a step in that
     range (the prefill and the program's fixed cost cancel), at the range's middle live length.
     The largest cap also runs with one window (every step reads the whole P + M cache), the
-    sampler before windows."""
+    sampler before windows, and with the loop's stop condition checked once per
+    `LIVE_STOP_CHECK_EVERY` steps instead of every step (`generate`'s `stop_check_every`)."""
     tokens_NP, lengths_N, slot_map_R = _prompts(work, model.config.vocab_size, seed=4)
     key = jax.random.key(0)
 
-    def call(cap: int, window: int = 0):
+    def call(cap: int, window: int = 0, stop_check_every: int = 1):
         return lambda: generate(
             model,
             tokens_NP,
@@ -544,10 +551,13 @@ def bench_live(model: models.Decoder, work: Work, caps: tuple[int, ...], *, repe
             max_new_tokens=cap,
             batching="static",
             decode_window=window,
+            stop_check_every=stop_check_every,
         )
 
     calls = {f"cap_{cap}": call(cap, window=caps[0]) for cap in caps}
     calls["one_window"] = call(caps[-1], window=caps[-1])
+    checks = f"checks_every_{LIVE_STOP_CHECK_EVERY}"
+    calls[checks] = call(caps[-1], window=caps[0], stop_check_every=LIVE_STOP_CHECK_EVERY)
     timing = timed(calls, repeats)
     ranges = []
     for low, high in zip((0, *caps), caps, strict=False):
@@ -570,6 +580,8 @@ def bench_live(model: models.Decoder, work: Work, caps: tuple[int, ...], *, repe
         timing=timing,
         ranges=ranges,
         one_window_over_windows=full / windowed,
+        stop_check_every=LIVE_STOP_CHECK_EVERY,
+        checks_speedup=windowed / timing[checks]["median_s"],
     )
 
 
@@ -770,24 +782,25 @@ def bench_attention(config: models.DecoderConfig, attention: Attention, *, repea
 
 
 def _causal_kernel(c: models.DecoderConfig, seq_len: int, *, repeats: int) -> dict:
-    """The cuDNN kernel alone (`models._decoder._fused_attention`), forward and backward on one
-    `seq_len`-token sequence with the model's heads and a causal mask: the mask only against
-    the mask with `is_causal=True` (what the model passes), which lets it skip the tiles above
-    the diagonal; and how far apart their outputs are (the same values, up to the kernel's
+    """cuDNN's kernel alone (`jax.nn.dot_product_attention`, called as the model's cuDNN path
+    calls it: one [B, 1, T, S] boolean mask), forward and backward on one `seq_len`-token
+    sequence with the model's heads and a causal mask: the mask only against the mask with
+    `is_causal=True` (what the model passes), which lets the kernel skip the tiles above the
+    diagonal; and how far apart their outputs are (the same values, up to the kernel's
     rounding)."""
-    from gdro_jax.models._decoder import _fused_attention
-
     rng = np.random.default_rng(11)
     dtype = jnp.dtype(c.compute_dtype)
     q, k, v = (
         jnp.asarray(rng.standard_normal((1, seq_len, heads, c.head_dim)), dtype)
         for heads in (c.num_heads, c.num_kv_heads, c.num_kv_heads)
     )
-    allowed = jnp.tril(jnp.ones((1, seq_len, seq_len), bool))
+    mask = jnp.tril(jnp.ones((1, 1, seq_len, seq_len), bool))
 
     def grad_fn(causal):
         def loss(q, k, v):
-            out = _fused_attention(q, k, v, allowed, causal=causal)
+            out = jax.nn.dot_product_attention(
+                q, k, v, mask=mask, is_causal=causal, implementation="cudnn"
+            )
             return jnp.sum(out.astype(jnp.float32) ** 2), out
 
         return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
@@ -899,7 +912,8 @@ def _print_live(live: dict) -> None:
         print(f"| {low}-{high}{note} | {entry['live_len']:.0f} | {entry['ms_per_step']:.2f} |")
     print(
         f"one window (the whole P + {live['caps'][-1]} cache every step) over windows: "
-        f"{live['one_window_over_windows']:.2f}x the wall time"
+        f"{live['one_window_over_windows']:.2f}x the wall time; the stop checked once per "
+        f"{live['stop_check_every']} steps: {live['checks_speedup']:.2f}x the speed of every step"
     )
 
 

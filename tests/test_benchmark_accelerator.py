@@ -29,7 +29,7 @@ SECTIONS = {
         "slots", "prompts", "prompt_len", "new_tokens", "shared", "per_slot", "speedup",
     ),
     "live": ("slots", "prompt_len", "caps", "windows", "timing", "ranges",
-             "one_window_over_windows"),
+             "one_window_over_windows", "stop_check_every", "checks_speedup"),
     "engines": ("slots", "prompts", "lanes", "workloads"),
     "packed": ("slots", "prompt_len", "new_tokens", "pass_rows", "real_tokens", "padded_tokens",
                "packed_rows", "packed_compiles", "padded", "packed", "speedup"),
@@ -171,6 +171,8 @@ def test_live_lengths_cost_per_step_is_the_slope_between_caps(run):
         previous = (cap, medians[cap])
     ratio = timing["one_window"]["median_s"] / medians[caps[-1]]
     assert live["one_window_over_windows"] == pytest.approx(ratio, rel=1e-9)
+    checks = timing[f"checks_every_{live['stop_check_every']}"]["median_s"]
+    assert live["checks_speedup"] == pytest.approx(medians[caps[-1]] / checks, rel=1e-9)
     assert "ms per step" in printed and "one window" in printed
 
 

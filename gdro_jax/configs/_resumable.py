@@ -29,6 +29,7 @@ RESUMABLE_FIELDS = (
     "rollout.batching",  # the same completions, up to float rounding
     "rollout.decode_window",  # likewise
     "rollout.lane_halvings",  # likewise
+    "rollout.stop_check_every",  # the same completions
     # How vLLM holds and schedules the work, not what it samples.
     "rollout.vllm.gpu_memory_utilization",
     "rollout.vllm.cpu_kvcache_space_gib",

@@ -62,11 +62,11 @@ class DecoderConfig:
       param_dtype: dtype parameters are stored in ("float32", "bfloat16" or "float16").
       compute_dtype: dtype of activations and matmuls; norms, softmax and logits stay float32.
       remat: recompute each block's activations in the backward pass (saves memory).
-      remat_policy: what a rematerialised block keeps (with `remat`): "nothing" (its input
-        only; the backward pass runs the whole block's forward pass again) or "dots" (also the
-        outputs of its seven projections, the matmuls without batch dimensions: the backward pass
-        recomputes only the norms, RoPE, attention and the SwiGLU, at the cost of the kept
-        outputs' memory, `(N + 2K) H + 2D + 2F` values a token a layer).
+      remat_policy: what a rematerialised block keeps ("nothing" or "dots"). "nothing": its
+        input only, and the backward pass runs the whole block's forward pass again. "dots":
+        also the outputs of its seven projections (the matmuls without batch dimensions), so the
+        backward pass recomputes only the norms, RoPE, attention and the SwiGLU, at the cost of
+        the kept outputs' memory, `(N + 2K) H + 2D + 2F` values a token a layer.
       scan_layers: one `lax.scan` over the blocks, not an unrolled loop. Compile time is then
         independent of depth; the unrolled loop is faster on CPU, where the scan's stacked
         residual buffers cost memory traffic, and compiles in time growing with depth. The

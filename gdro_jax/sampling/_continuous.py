@@ -64,6 +64,7 @@ from gdro_jax.sampling._generate import (
     _result,
     _set_up,
     _slots_on_batch,
+    while_in_chunks,
     window_ends,
 )
 
@@ -103,6 +104,7 @@ class _Lanes(NamedTuple):
         "decode_slots",
         "decode_window",
         "lane_halvings",
+        "stop_check_every",
     ),
 )
 def _generate_continuous(
@@ -124,6 +126,7 @@ def _generate_continuous(
     decode_slots: int,
     decode_window: int = 0,
     lane_halvings: int = LANE_HALVINGS,
+    stop_check_every: int = 1,
 ) -> GenerationResult:
     model, sample, prompts = _set_up(
         graphdef, state, tokens_NP, lengths_N, pad_id=pad_id, temperature=temperature,
@@ -331,20 +334,24 @@ def _generate_continuous(
         # No queue, every request in its lane from the start: no refill, and ring slot g is
         # written at step g by every lane still active, so window i's steps read blocks 0..i and
         # write into block i (the static loop's windows).
+        # Steps in chunks (`stop_check_every`) stay within the window's block.
         for i, end in enumerate(ends):
-            lanes = jax.lax.while_loop(
+            lanes = while_in_chunks(
                 lambda x, e=end: busy(x, halve_at) & (x.iterations < e),
                 functools.partial(decode, refill=False, window=i),
                 lanes,
+                stop_check_every,
+                room=lambda x, e=end: x.iterations + stop_check_every <= e,
             )
     else:
-        lanes = jax.lax.while_loop(lambda x: busy(x, halve_at), decode, lanes)
+        lanes = while_in_chunks(lambda x: busy(x, halve_at), decode, lanes, stop_check_every)
     for i, size in enumerate(sizes):
-        # The queue is empty: no refill, and no more than `size` lanes still active.
+        # The queue is empty: no refill, and no more than `size` lanes still active. A chunk's
+        # steps after the last lane stopped emit nothing.
         halve_at = sizes[i + 1] if i + 1 < len(sizes) else None
-        lanes = jax.lax.while_loop(
+        lanes = while_in_chunks(
             lambda x, h=halve_at: busy(x, h), functools.partial(decode, refill=False),
-            halve(lanes, size),
+            halve(lanes, size), stop_check_every,
         )  # fmt: skip
     outputs = _slots_on_batch(
         model, (lanes.tokens, lanes.logprobs, lanes.lengths, lanes.finish_reasons)

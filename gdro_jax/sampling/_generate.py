@@ -14,6 +14,14 @@ its cache in blocks (`window_ends`): the prompt and the first window of completi
 block per later window, added as its window opens; window i's steps (a `lax.while_loop` each)
 read and write blocks 0..i only, its live positions rounded up to a window, not P + M.
 
+Stop checks. A `lax.while_loop` checks its condition before every iteration; on a GPU XLA copies
+it to the host and waits there, unless the trip count is static, and the loop is not captured in
+a command buffer. With `stop_check_every=k` both loops decode k steps per iteration (a fixed-trip
+`fori_loop`, `while_in_chunks`), so the condition is checked once per k steps: a loop that could
+stop inside a chunk runs at most k - 1 steps more, steps that change no output (every slot has
+stopped, or the lanes have not yet halved). A chunk never crosses a window's end: the steps that
+remain of a window when a whole chunk no longer fits run one per iteration, as before.
+
 Prefill sharing (SPEC section 6). GRPO draws several completions per prompt: `prompt_of_slot[R]`
 maps each of the R sampled sequences to one of the N distinct prompts. Each distinct prompt is
 prefilled once; its keys/values are then copied to all its slots.
@@ -366,6 +374,24 @@ def _slots_on_batch(model: Decoder, tree, slot_axis: int = 0):
     return jax.tree.map(place, tree)
 
 
+def while_in_chunks(cond, body, state, steps: int, room=None):
+    """`lax.while_loop(cond, body, state)`, checking `cond` once per `steps` steps where it can.
+
+    First a loop whose iteration runs `steps` steps (a `fori_loop` of a static trip count) while
+    `cond` holds and `room(state)` does (a whole chunk stays within the loop's bounds: every step
+    of it may run, even past the step where `cond` would have failed, so such steps must change
+    no output); then the plain loop, for the steps left (fewer than `steps` where `room` stopped
+    the chunks; none where `cond` did). `steps=1`: the plain loop alone.
+    """
+    if steps > 1:
+        state = jax.lax.while_loop(
+            lambda s: cond(s) & (True if room is None else room(s)),
+            lambda s: jax.lax.fori_loop(0, steps, lambda _, x: body(x), s),
+            state,
+        )
+    return jax.lax.while_loop(cond, body, state)
+
+
 @functools.partial(
     jax.jit,
     static_argnames=(
@@ -378,6 +404,7 @@ def _slots_on_batch(model: Decoder, tree, slot_axis: int = 0):
         "pad_id",
         "micro_batch_slots",
         "decode_window",
+        "stop_check_every",
     ),
 )
 def _generate(
@@ -399,6 +426,7 @@ def _generate(
     pad_id: int,
     micro_batch_slots: int,
     decode_window: int = 0,
+    stop_check_every: int = 1,
 ) -> GenerationResult:
     model, sample, prompts = _set_up(
         graphdef, state, tokens_NP, lengths_N, pad_id=pad_id, temperature=temperature,
@@ -482,9 +510,14 @@ def _generate(
                 return record(state._replace(cache=cache), model.logits(h_C1D)[:, 0])
 
             # Step t writes slot P + t - 1: this window runs the steps t <= end (a finished
-            # chunk's loop exits at once).
-            return jax.lax.while_loop(
-                lambda state: not_finished(state) & (state.step <= end), decode, state
+            # chunk's loop exits at once). Steps after every slot stopped write pads.
+            last = min(end, M - 1)
+            return while_in_chunks(
+                lambda state: not_finished(state) & (state.step <= end),
+                decode,
+                state,
+                stop_check_every,
+                room=lambda state: state.step + stop_check_every - 1 <= last,
             )
 
         start = _LoopState(

@@ -46,6 +46,7 @@ def generate(
     batching: str = "continuous",
     decode_window: int = 0,
     lane_halvings: int = LANE_HALVINGS,
+    stop_check_every: int = 1,
 ) -> GenerationResult:
     """Samples completions of a batch of prompts with a KV cache, in one compiled loop.
 
@@ -95,6 +96,11 @@ def generate(
       lane_halvings: continuous batching, once the queue is empty: the most times the decode
         slots halve, whenever at most half of them are active (while C is even, and on a mesh
         while every batch shard keeps a slot). Each is one more decode loop in the program.
+      stop_check_every: decode this many steps per iteration of the decode loop, so its stop
+        condition is checked (on a GPU: copied to the host, and waited for) once per that many
+        steps; a loop that could stop inside runs at most that many - 1 steps more, steps that
+        change no output. The same completions; above 1 each loop compiles twice (the chunk's,
+        then the one step at a time that ends a window).
 
     Returns:
       GenerationResult with tokens/logprobs [R, M], lengths and finish reasons [R], and each
@@ -116,6 +122,12 @@ def generate(
         raise ValueError(f"prompt_bucket must be a positive int, got {prompt_bucket!r}")
     _check_count("decode_window", decode_window, " (0: automatic)")
     _check_count("lane_halvings", lane_halvings)
+    if (
+        isinstance(stop_check_every, bool)
+        or not isinstance(stop_check_every, int)
+        or (stop_check_every < 1)
+    ):
+        raise ValueError(f"stop_check_every must be an int >= 1, got {stop_check_every!r}")
     if micro_batch_slots is not None and (
         isinstance(micro_batch_slots, bool)
         or not isinstance(micro_batch_slots, int)
@@ -183,7 +195,7 @@ def generate(
     if batching == "continuous" and share_prefill:
         return _generate_continuous(
             *arrays, **static, decode_slots=slots, decode_window=decode_window,
-            lane_halvings=lane_halvings,
+            lane_halvings=lane_halvings, stop_check_every=stop_check_every,
         )  # fmt: skip
     return _generate(
         *arrays,
@@ -191,4 +203,5 @@ def generate(
         share_prefill=share_prefill,
         micro_batch_slots=slots,
         decode_window=decode_window,
+        stop_check_every=stop_check_every,
     )

@@ -52,6 +52,9 @@ class RolloutConfig:
       lane_halvings: continuous batching: slot halvings once the queue is empty. The decode
         slots halve (at most this many times) whenever at most half are active; each halving is
         one more decode loop to compile.
+      stop_check_every: kv_cache's decode steps per stop check. Its decode loop checks its
+        stop condition (on a GPU: copied to the host and waited for) once per that many steps,
+        and runs at most that many - 1 steps more, which change no output. The same completions.
       engine: kv_cache (the built-in sampler) or vllm (the vllm extra). vllm is `VLLMEngine`.
       greedy: decode greedily (argmax), log-probs under temperature 1. For checking one engine
         against another; needs grpo.temperature=1.
@@ -67,6 +70,7 @@ class RolloutConfig:
     batching: str = "continuous"
     decode_window: int = 0
     lane_halvings: int = LANE_HALVINGS
+    stop_check_every: int = 1
     engine: str = "kv_cache"
     greedy: bool = False
     logprobs_from: str = "trainer"
@@ -86,10 +90,14 @@ class RolloutConfig:
                 f"logprobs_from must be one of {', '.join(LOGPROBS_FROM)}, got "
                 f"logprobs_from={self.logprobs_from!r}"
             )
-        for name, meaning in (("decode_window", " (0: automatic)"), ("lane_halvings", "")):
+        for name, least, meaning in (
+            ("decode_window", 0, " (0: automatic)"),
+            ("lane_halvings", 0, ""),
+            ("stop_check_every", 1, ""),
+        ):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an int >= 0{meaning}, got {name}={value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name} must be an int >= {least}{meaning}, got {name}={value!r}")
         if not isinstance(self.greedy, bool):
             raise ValueError(f"greedy must be True or False, got greedy={self.greedy!r}")
         if not float(self.tis_cap) >= 1:
@@ -127,6 +135,7 @@ def sample_rollouts(
     batching: str = "continuous",
     decode_window: int = 0,
     lane_halvings: int = LANE_HALVINGS,
+    stop_check_every: int = 1,
 ) -> Rollouts:
     """Samples `R = len(plan.prompt_of_slot)` completions; rewards are scored afterwards.
 
@@ -146,6 +155,7 @@ def sample_rollouts(
       batching: continuous or static (`RolloutConfig.batching`).
       decode_window: the KV cache's decode window (`RolloutConfig.decode_window`).
       lane_halvings: continuous batching's halvings (`RolloutConfig.lane_halvings`).
+      stop_check_every: decode steps per stop check (`RolloutConfig.stop_check_every`).
 
     Returns:
       The `Rollouts` with rewards 0 and correct False: the run's reward phase fills them in
@@ -165,6 +175,7 @@ def sample_rollouts(
         batching=batching,
         decode_window=decode_window,
         lane_halvings=lane_halvings,
+        stop_check_every=stop_check_every,
     )
     num_slots = result.lengths.shape[0]
     return Rollouts(
@@ -223,6 +234,7 @@ class KVCacheEngine:
       batching: continuous or static (`config.rollout.batching`).
       decode_window: the KV cache's decode window (`config.rollout.decode_window`).
       lane_halvings: continuous batching's halvings (`config.rollout.lane_halvings`).
+      stop_check_every: decode steps per stop check (`config.rollout.stop_check_every`).
     """
 
     def __init__(
@@ -236,6 +248,7 @@ class KVCacheEngine:
         batching: str = "continuous",
         decode_window: int = 0,
         lane_halvings: int = LANE_HALVINGS,
+        stop_check_every: int = 1,
     ):
         self.graphdef = graphdef
         self.max_new_tokens = max_new_tokens
@@ -245,6 +258,7 @@ class KVCacheEngine:
         self.batching = batching
         self.decode_window = decode_window
         self.lane_halvings = lane_halvings
+        self.stop_check_every = stop_check_every
 
     def generate(self, params, plan, prompt_tokens_NP, prompt_lengths_N, key) -> Rollouts:
         """`sample_rollouts` with this engine's settings (pure JAX: traceable inside jit)."""
@@ -262,6 +276,7 @@ class KVCacheEngine:
             batching=self.batching,
             decode_window=self.decode_window,
             lane_halvings=self.lane_halvings,
+            stop_check_every=self.stop_check_every,
         )
 
     def sync_weights(self, params: nnx.State) -> None:

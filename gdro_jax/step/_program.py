@@ -245,6 +245,7 @@ class StepProgram:
             batching=self.rollout.batching,
             decode_window=self.rollout.decode_window,
             lane_halvings=self.rollout.lane_halvings,
+            stop_check_every=self.rollout.stop_check_every,
         )
 
     def rollout_function(
