@@ -17,10 +17,10 @@ from gdro_jax.sampling._generate import GenerationResult, _generate
 BATCHING = ("continuous", "static")
 
 
-def _check_count(name: str, value, meaning: str = "") -> None:
-    """Raises ValueError naming `name` unless `value` is an int >= 0 (not a bool)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be an int >= 0{meaning}, got {name}={value!r}")
+def _check_count(name: str, value, meaning: str = "", least: int = 0) -> None:
+    """Raises ValueError naming `name` unless `value` is an int >= `least` (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{name} must be an int >= {least}{meaning}, got {name}={value!r}")
 
 
 def _bucket(length: int, multiple: int) -> int:
@@ -122,12 +122,7 @@ def generate(
         raise ValueError(f"prompt_bucket must be a positive int, got {prompt_bucket!r}")
     _check_count("decode_window", decode_window, " (0: automatic)")
     _check_count("lane_halvings", lane_halvings)
-    if (
-        isinstance(stop_check_every, bool)
-        or not isinstance(stop_check_every, int)
-        or (stop_check_every < 1)
-    ):
-        raise ValueError(f"stop_check_every must be an int >= 1, got {stop_check_every!r}")
+    _check_count("stop_check_every", stop_check_every, least=1)
     if micro_batch_slots is not None and (
         isinstance(micro_batch_slots, bool)
         or not isinstance(micro_batch_slots, int)

@@ -83,5 +83,6 @@ def test_a_chunk_is_one_fixed_trip_loop_inside_the_checked_loop(model, batching)
 
 
 def test_a_check_count_below_one_is_refused_naming_it(model):
-    with pytest.raises(ValueError, match=r"stop_check_every must be an int >= 1, got 0"):
+    refused = r"stop_check_every must be an int >= 1, got stop_check_every=0"
+    with pytest.raises(ValueError, match=refused):
         generate(model, PROMPTS, key=jax.random.key(0), max_new_tokens=M, stop_check_every=0)

@@ -172,6 +172,10 @@ def test_the_rollout_block_is_optional_and_resumable():
         ({"rollout.logprobs_from": "both"}, "logprobs_from must be one of trainer, engine"),
         ({"rollout.tis_cap": 0.5}, "tis_cap must be >= 1"),
         ({"rollout.lane_halvings": -1}, "lane_halvings must be an int >= 0, got lane_halvings=-1"),
+        (
+            {"rollout.stop_check_every": 0},
+            "stop_check_every must be an int >= 1, got stop_check_every=0",
+        ),
         ({"rollout.greedy": True, "grpo.temperature": 0.7}, "set config.grpo.temperature=1.0"),
         ({"rollout.vllm.dtype": "int8"}, "config.rollout.vllm.dtype must be one of auto"),
         ({"rollout.vllm.max_num_seqs": 0}, "config.rollout.vllm.max_num_seqs must be a positive"),
@@ -180,6 +184,18 @@ def test_the_rollout_block_is_optional_and_resumable():
 def test_the_engine_fields_are_validated(overrides, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         configs.read_run_config(small_run_config("grpo", **overrides))
+
+
+def test_the_rollout_settings_reach_the_built_in_engine():
+    """`config.rollout`'s decode settings, as the run's step builds its engine."""
+    rollout = {"decode_window": 8, "lane_halvings": 2, "stop_check_every": 4}
+    config = small_run_config("grpo", **{f"rollout.{k}": v for k, v in rollout.items()})
+    settings = configs.read_run_config(config)
+    program = configs.step_program(
+        settings, None, prompt_width=8, num_dataset_prompts=16, eos_ids=(1,)
+    )
+    engine = program.kv_cache_engine()
+    assert {name: getattr(engine, name) for name in rollout} == rollout
 
 
 def test_logprobs_from_engine_is_refused_for_the_kv_cache_engine():
