@@ -432,22 +432,21 @@ def bench_update_candidates(
         for field, value in overrides.items():
             *blocks, key = field.split(".")
             functools.reduce(lambda block, name: block[name], blocks, candidate)[key] = value
-        model = models.init_decoder(
-            models.DecoderConfig.from_dict(candidate.model.to_dict()), seed=candidate.seed
-        )
-        result = _section(
-            f"update_candidates: {name}",
-            lambda candidate=candidate, model=model: bench_update(
+
+        def run(candidate=candidate):
+            model = models.init_decoder(
+                models.DecoderConfig.from_dict(candidate.model.to_dict()), seed=candidate.seed
+            )
+            return bench_update(
                 candidate,
                 model,
                 shape,
                 matmul_weights=matmul_weight_count(model),
                 repeats=repeats,
                 peak_flops=peak_flops,
-            ),
-        )
-        results[name] = dict(result, overrides=overrides)
-        del model
+            )
+
+        results[name] = dict(_section(f"update_candidates: {name}", run), overrides=overrides)
     return dict(candidates=results)
 
 
