@@ -17,7 +17,8 @@ over-states a GPU's temporaries for `compute_dtype="bfloat16"`.
 the budget raises a ValueError with the table and the knob to turn before any parameter exists.
 `memory_plan(..., suggest=True)` also searches the largest micro-batch sizes that fit, turning on
 `model.remat` for the update when no micro-batch fits without it (with `model.remat_policy`
-"nothing": a block that keeps its projections' outputs, "dots", holds more).
+"nothing": a block that keeps its projections' outputs, "dots", holds more), and says when the
+update that fits has room for "dots" too (`MemoryPlan.dots_update`).
 
 One module over 400 lines, on purpose: the plan's record, its table and its advice to the
 user are one thing read together; the compiling lives in `_planner.py`.
@@ -66,6 +67,9 @@ class MemoryPlan(NamedTuple):
     compiled: bool = True  # False: the persistent state and KV cache alone exceeded the budget
     remat: bool = False  # whether the update recomputes block activations (model.remat)
     remat_policy: str = "nothing"  # what a rematerialised block keeps (model.remat_policy)
+    # The update's bytes at the fitting micro-batch with model.remat_policy="dots", where the
+    # config keeps nothing and that fits too (the search's offer); None otherwise.
+    dots_update: int | None = None
     searched: bool = False  # whether the micro-batches that fit were searched for
 
     @property
@@ -161,7 +165,14 @@ class MemoryPlan(NamedTuple):
             if update
             else f"(no {UPDATE} fits, even with model.remat=True and remat_policy=nothing)",
         ]
-        return "  largest micro-batches that fit: " + " ".join(parts)
+        line = "  largest micro-batches that fit: " + " ".join(parts)
+        if self.dots_update is not None:
+            line += (
+                f"\n  that update also fits with --config.model.remat_policy=dots "
+                f"({format_size(self.dots_update)}): its blocks keep their projections' outputs, "
+                "so the backward pass does not redo those matmuls"
+            )
+        return line
 
     def _full_remat_flags(self) -> list[str]:
         """The settings the fitting update micro-batch needs beyond the config's: the full
@@ -404,14 +415,20 @@ def memory_plan(
         # alive for the backward pass: one long sequence alone can exceed a device. With
         # "dots" every projection's output does.
         update = _largest_fitting(
-            minibatch, lambda slots: planner.update_bytes(slots, full_remat=True) <= room
+            minibatch, lambda slots: planner.update_bytes(slots, (True, "nothing")) <= room
         )
         needs_remat = update is not None
+    dots_update = None
+    if update is not None and (needs_remat or (c.remat and c.remat_policy == "nothing")):
+        # Where memory allows, a block may keep its projections' outputs: fewer FLOPs.
+        dots = planner.update_bytes(update, (True, "dots"))
+        dots_update = dots if dots <= room else None
     return plan._replace(
         searched=True,
         fitting_rollout_slots=rollout,
         fitting_update_slots=update,
         fitting_needs_remat=needs_remat,
+        dots_update=dots_update,
     )
 
 

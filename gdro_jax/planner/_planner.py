@@ -112,17 +112,16 @@ class Planner:
         # rollout's outputs.
         self.rollouts = program.abstract_rollouts() if program.external_engine else None
 
-    def _remat(self, full_remat: bool) -> tuple[bool, str]:
-        """(model.remat, model.remat_policy): the config's, or with `full_remat` every block
-        rematerialised keeping nothing (the least an update can hold)."""
+    def _remat(self, remat: tuple[bool, str] | None) -> tuple[bool, str]:
+        """(model.remat, model.remat_policy) to plan with: `remat`, or the config's (None)."""
         c = self.model_config
-        return (True, "nothing") if full_remat else (c.remat, c.remat_policy)
+        return (c.remat, c.remat_policy) if remat is None else remat
 
     @functools.cache  # noqa: B019 (one planner per plan: it lives as long as its cache)
-    def _policy(self, full_remat: bool = False):
-        """(graphdef, abstract float32 parameters placed on the mesh); `full_remat`: see
-        `_remat`."""
-        remat, remat_policy = self._remat(full_remat)
+    def _policy(self, remat: tuple[bool, str] | None = None):
+        """(graphdef, abstract float32 parameters placed on the mesh), with `remat` (see
+        `_remat`)."""
+        remat, remat_policy = self._remat(remat)
         model_config = self.model_config.replace(remat=remat, remat_policy=remat_policy)
         abstract = models.abstract_decoder(model_config, mesh=self.mesh)
         graphdef, params = nnx.split(abstract, nnx.Param)
@@ -199,13 +198,13 @@ class Planner:
             self._rollout_cache[slots] = self._compile_rollout(slots)
         return self._rollout_cache[slots]
 
-    def lower_update(self, slots: int | None = None, full_remat: bool = False):
+    def lower_update(self, slots: int | None = None, remat: tuple[bool, str] | None = None):
         """The update lowered on the abstract state: micro-batches of `slots` (default: the
-        run's), the config's remat or with `full_remat` every block rematerialised keeping
-        nothing. Returns `(lowered, abstract state)`."""
+        run's), with `remat`, a (model.remat, model.remat_policy) pair (default: the config's).
+        Returns `(lowered, abstract state)`."""
         if self.rollouts is None:
             self.rollout_bytes(self.num_slots)
-        graphdef, params = self._policy(full_remat)
+        graphdef, params = self._policy(remat)
         grpo = self.grpo_config
         if slots is not None:  # as the update reads it (`GRPOConfig.for_minibatch`)
             grpo = dataclasses.replace(grpo, micro_batch_slots=slots)
@@ -215,19 +214,19 @@ class Planner:
         lowered = program.update(state).lower(state, self.plan, self.prompt_ids, self.rollouts)
         return lowered, state
 
-    def _compile_update(self, slots: int, full_remat: bool) -> int:
-        lowered, state = self.lower_update(slots, full_remat)
+    def _compile_update(self, slots: int, remat: tuple[bool, str] | None) -> int:
+        lowered, state = self.lower_update(slots, remat)
         compiled = self._compile(lowered)
         arguments, outputs, aliased, temporaries = _compiled_bytes(compiled)
         persistent = bytes_per_device((state.params, state.opt_state, state.ref_params))
         return temporaries + max(0, arguments - persistent) + max(0, outputs - aliased)
 
-    def update_bytes(self, slots: int, full_remat: bool = False) -> int:
-        """The update phase beyond the persistent state, per device: with the config's remat, or
-        with `full_remat` every block rematerialised keeping nothing."""
-        key = (slots, *self._remat(full_remat))
+    def update_bytes(self, slots: int, remat: tuple[bool, str] | None = None) -> int:
+        """The update phase beyond the persistent state, per device, with `remat` (a
+        (model.remat, model.remat_policy) pair; default: the config's)."""
+        key = (slots, *self._remat(remat))
         if key not in self._update_cache:
-            self._update_cache[key] = self._compile_update(slots, full_remat)
+            self._update_cache[key] = self._compile_update(slots, key[1:])
         return self._update_cache[key]
 
     def candidates(self, total: int) -> list[int]:

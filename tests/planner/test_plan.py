@@ -239,26 +239,35 @@ def test_a_math_run_is_planned_without_a_tokenizer():
         configs.read_run_config(config)
 
 
-def test_a_remat_policy_over_the_budget_is_advised_down_to_the_full_remat():
-    """With `model.remat_policy="dots"` the update keeps its projections' outputs: XLA's buffer
-    assignment holds more than with "nothing". With a budget between the two (mini-batches of
-    4 slots on 4 batch shards: no smaller micro-batch to try), the search falls back to the full
-    remat and says the one setting that differs from the config's."""
-    config = small_config(
-        **{"model.remat": True, "model.remat_policy": "dots", "grpo.micro_batch_slots": 4}
-    )
+@pytest.fixture(scope="module")
+def remat_bytes():
+    """(config, mesh, persistent bytes, the update's bytes with "dots", with "nothing") of a
+    remat config whose mini-batches of 4 slots on 4 batch shards leave no smaller micro-batch
+    to try."""
+    config = small_config(**{"model.remat": True, "grpo.micro_batch_slots": 4})
     settings = configs.read_run_config(config)
     mesh = configs.run_mesh(settings)
     probe = planner.Planner(settings, mesh, None, None)
     assert probe.candidates(probe.minibatch_slots) == [4]
-    dots, nothing = probe.update_bytes(4), probe.update_bytes(4, full_remat=True)
-    assert dots > nothing
+    dots, nothing = probe.update_bytes(4, (True, "dots")), probe.update_bytes(4)
     reference = probe.parameter_bytes if probe.reference else 0
     persistent = probe.parameter_bytes + reference + planner.bytes_per_device(probe.opt_state)
+    return config, mesh, persistent, dots, nothing
+
+
+def test_a_remat_policy_over_the_budget_is_advised_down_to_the_full_remat(remat_bytes):
+    """With `model.remat_policy="dots"` the update keeps its projections' outputs: XLA's buffer
+    assignment holds more than with "nothing". With a budget between the two the search falls
+    back to the full remat and says the one setting that differs from the config's."""
+    config, mesh, persistent, dots, nothing = remat_bytes
+    assert dots > nothing
+    config = config.copy_and_resolve_references()
+    config.model.remat_policy = "dots"
     config.device_memory_gib = (persistent + (dots + nothing) / 2) / GIB
     plan = planner.memory_plan(config, mesh, suggest=True)
     assert plan.update == dots and not plan.fits
     assert plan.fitting_update_slots == 4 and plan.fitting_needs_remat
+    assert plan.dots_update is None  # "dots" is what did not fit
     suggestion = [line for line in plan.table().splitlines() if "largest micro-batches" in line]
     assert suggestion[0].endswith(
         "--config.model.remat_policy=nothing --config.grpo.micro_batch_slots=4"
@@ -266,3 +275,20 @@ def test_a_remat_policy_over_the_budget_is_advised_down_to_the_full_remat():
     assert "model.remat=True" not in suggestion[0]  # the config has it already
     if "grpo.micro_batch_slots" in plan.knobs():
         assert "or set config.model.remat_policy=nothing" in plan.error()
+
+
+def test_where_memory_allows_the_search_offers_dots(remat_bytes):
+    """A config that keeps nothing, with room for "dots" at the micro-batch that fits: the plan
+    says so, with the bytes XLA assigned it."""
+    config, mesh, persistent, dots, _ = remat_bytes
+    config = config.copy_and_resolve_references()
+    config.device_memory_gib = (persistent + dots + 1) / GIB
+    plan = planner.memory_plan(config, mesh, suggest=True)
+    assert plan.fitting_update_slots == 4 and not plan.fitting_needs_remat
+    assert plan.dots_update == dots
+    offer = [line for line in plan.table().splitlines() if "also fits" in line]
+    assert offer == [
+        f"  that update also fits with --config.model.remat_policy=dots "
+        f"({planner.format_size(dots)}): its blocks keep their projections' outputs, so the "
+        "backward pass does not redo those matmuls"
+    ]
