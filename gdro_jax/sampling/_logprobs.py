@@ -35,7 +35,7 @@ def sequence_logprobs(
       chunk_size: run the output projection and softmax over this many positions at a time,
         rematerialised in the backward pass, so the [B, T, V] logits never exist at once (they
         dominate memory for a 152k vocabulary). When it does not divide T, the last chunk is
-        padded. None: all positions at once.
+        padded; a chunk larger than T is T (one chunk, no padding). None: all positions at once.
 
     Returns:
       logprobs_BT float32; 0 where the token is padding or has no real token before it (a row's,
@@ -61,6 +61,7 @@ def sequence_logprobs(
     else:
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
             raise ValueError(f"chunk_size must be None or a positive int, got {chunk_size!r}")
+        chunk_size = min(chunk_size, T)
         n = -(-T // chunk_size)
         pad = n * chunk_size - T
         h_nBCD = jnp.pad(h_BTD, ((0, 0), (0, pad), (0, 0)))

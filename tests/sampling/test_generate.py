@@ -90,6 +90,24 @@ def test_sampler_logprobs_equal_a_forward_pass(model, sampled):
     np.testing.assert_allclose(np.asarray(chunked), np.asarray(expected), atol=1e-6)
 
 
+def test_a_logprob_chunk_longer_than_the_sequence_pads_nothing(model, sampled):
+    """A chunk of 1,000 positions over sequences of P + M: one chunk of exactly P + M (no
+    array in the program holds 1,000 positions), and the same log-probs as no chunk."""
+    args = (sampled.prompt_tokens, sampled.prompt_lengths, sampled.tokens, sampled.lengths)
+    graphdef, state = nnx.split(model)
+
+    def chunked(state):
+        return completion_logprobs(nnx.merge(graphdef, state), *args, chunk_size=1000)
+
+    shapes = [v.aval.shape for eqn in jax.make_jaxpr(chunked)(state).eqns for v in eqn.outvars]
+    assert not [shape for shape in shapes if 1000 in shape]
+    np.testing.assert_allclose(
+        np.asarray(jax.jit(chunked)(state)),
+        np.asarray(_completion_logprobs(model, *args)),
+        atol=1e-6,
+    )
+
+
 def test_completions_stay_inside_the_top_k_top_p_set(model, sampled):
     tokens = np.asarray(sampled.tokens)
     prompts, prompt_lengths = np.asarray(sampled.prompt_tokens), np.asarray(sampled.prompt_lengths)
