@@ -428,10 +428,8 @@ def bench_update_candidates(
     skipped and the others still run."""
     results = {}
     for name, overrides in UPDATE_CANDIDATES.items():
-        candidate = ml_collections.ConfigDict(config.to_dict())
-        for field, value in overrides.items():
-            *blocks, key = field.split(".")
-            functools.reduce(lambda block, name: block[name], blocks, candidate)[key] = value
+        candidate = config.copy_and_resolve_references()
+        candidate.update_from_flattened_dict(overrides)
 
         def run(candidate=candidate):
             model = models.init_decoder(
@@ -781,25 +779,22 @@ def bench_attention(config: models.DecoderConfig, attention: Attention, *, repea
 
 
 def _causal_kernel(c: models.DecoderConfig, seq_len: int, *, repeats: int) -> dict:
-    """cuDNN's kernel alone (`jax.nn.dot_product_attention`, called as the model's cuDNN path
-    calls it: one [B, 1, T, S] boolean mask), forward and backward on one `seq_len`-token
-    sequence with the model's heads and a causal mask: the mask only against the mask with
-    `is_causal=True` (what the model passes), which lets the kernel skip the tiles above the
-    diagonal; and how far apart their outputs are (the same values, up to the kernel's
-    rounding)."""
+    """cuDNN's kernel alone (`models.fused_attention`, the model's cuDNN call), forward and
+    backward on one `seq_len`-token sequence with the model's heads and a causal mask: the mask
+    only against the mask with `is_causal=True` (what the model passes), which lets the kernel
+    skip the tiles above the diagonal; and how far apart their outputs are (the same values, up
+    to the kernel's rounding)."""
     rng = np.random.default_rng(11)
     dtype = jnp.dtype(c.compute_dtype)
     q, k, v = (
         jnp.asarray(rng.standard_normal((1, seq_len, heads, c.head_dim)), dtype)
         for heads in (c.num_heads, c.num_kv_heads, c.num_kv_heads)
     )
-    mask = jnp.tril(jnp.ones((1, 1, seq_len, seq_len), bool))
+    allowed = jnp.tril(jnp.ones((1, seq_len, seq_len), bool))
 
     def grad_fn(causal):
         def loss(q, k, v):
-            out = jax.nn.dot_product_attention(
-                q, k, v, mask=mask, is_causal=causal, implementation="cudnn"
-            )
+            out = models.fused_attention(q, k, v, allowed, causal=causal)
             return jnp.sum(out.astype(jnp.float32) ** 2), out
 
         return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))

@@ -3,7 +3,7 @@ sharding specs, HuggingFace folders in and out, and the mesh convention every la
 
 - `Decoder`, `DecoderConfig` (presets), `init_decoder`, `abstract_decoder`, `KVCache`;
   `attention_implementation`, the attention path a config takes (`ATTENTION_IMPLEMENTATIONS`);
-  `REMAT_POLICIES`, what a rematerialised block keeps.
+  `REMAT_POLICIES`, what a rematerialised block keeps; `fused_attention`, the cuDNN path's call.
 - `from_pretrained`, `save_pretrained`, `hf_tensors`, `load_tokenizer`; a folder that does not
   match its config raises `ModelFolderError`.
 - The mesh convention: `MESH_AXES` (`data` x `fsdp` x `tensor`, Auto axes), `make_mesh`,
@@ -25,6 +25,7 @@ from gdro_jax.models._decoder import (
     KVCache,
     abstract_decoder,
     attention_implementation,
+    fused_attention,
     init_decoder,
     parameter_shardings,
     rope_inverse_frequencies,
@@ -69,6 +70,7 @@ __all__ = [
     "ShardingConfig",
     "abstract_decoder",
     "attention_implementation",
+    "fused_attention",
     "batch_sharding",
     "constrain",
     "constrain_batch",

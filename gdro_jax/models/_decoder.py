@@ -230,15 +230,17 @@ def attention_implementation(config: DecoderConfig, platform: str | None = None)
     return "cudnn" if fused else "xla"
 
 
-def _fused_attention(q_BTNH, k_BTKH, v_BTKH, allowed_BTS, implementation="cudnn", causal=True):
-    """Attention through `jax.nn.dot_product_attention`'s cuDNN kernel: the mask (causal within
-    a segment, real keys) goes in as one [B, 1, T, S] boolean, broadcast over heads, and no
-    [B, N, T, S] score tensor is materialised.
+def fused_attention(q_BTNH, k_BTKH, v_BTKH, allowed_BTS, implementation="cudnn", causal=True):
+    """A full forward pass's attention through `jax.nn.dot_product_attention`'s cuDNN kernel
+    (`DecoderConfig.attention="cudnn"`): the mask (causal within a segment, real keys) goes in
+    as one [B, 1, T, S] boolean, broadcast over heads, and no [B, N, T, S] score tensor is
+    materialised.
 
     Only a full forward pass comes here (T = S, query t at slot t), whose mask is already causal,
     so `is_causal` (`causal`) changes no value: it tells the kernel that the tiles above the
-    diagonal are all masked, and it skips them, about half the scores' work. `implementation`
-    and `causal` are there for tests and the accelerator benchmark ("xla" runs on any device).
+    diagonal are all masked, and it skips them, about half the scores' work. `causal=False` (the
+    accelerator benchmark's comparison) and `implementation="xla"` (the tests', on any device)
+    leave the rest of the call as the model makes it.
     """
     return jax.nn.dot_product_attention(
         q_BTNH,
@@ -388,7 +390,7 @@ class DecoderLayers(nnx.Module):
 
         platform = None if mesh is None else mesh.devices.flat[0].platform
         if cache is None and attention_implementation(c, platform) == "cudnn":
-            attn_BTNH = _fused_attention(q_BTNH, k_BTKH, v_BTKH, allowed_BTS)
+            attn_BTNH = fused_attention(q_BTNH, k_BTKH, v_BTKH, allowed_BTS)
         else:
             attn_BTNH = _attention(q_BTNH, k_BKHS, v_BKSH, allowed_BTS, live_blocks)
         attn_BTNH = constrain(attn_BTNH, s.act_btnh, mesh)

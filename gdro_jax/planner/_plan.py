@@ -409,8 +409,9 @@ def memory_plan(
     update = _largest_fitting(
         minibatch, lambda slots: planner.update_bytes(slots) <= room, known=update_slots
     )
+    full_remat = c.remat and c.remat_policy == "nothing"  # the least an update can hold
     needs_remat = False
-    if update is None and not (c.remat and c.remat_policy == "nothing"):
+    if update is None and not full_remat:
         # Without remat every layer's activations (attention probabilities included) stay
         # alive for the backward pass: one long sequence alone can exceed a device. With
         # "dots" every projection's output does.
@@ -419,7 +420,7 @@ def memory_plan(
         )
         needs_remat = update is not None
     dots_update = None
-    if update is not None and (needs_remat or (c.remat and c.remat_policy == "nothing")):
+    if update is not None and (needs_remat or full_remat):
         # Where memory allows, a block may keep its projections' outputs: fewer FLOPs.
         dots = planner.update_bytes(update, (True, "dots"))
         dots_update = dots if dots <= room else None

@@ -117,11 +117,13 @@ class Planner:
         c = self.model_config
         return (c.remat, c.remat_policy) if remat is None else remat
 
-    @functools.cache  # noqa: B019 (one planner per plan: it lives as long as its cache)
     def _policy(self, remat: tuple[bool, str] | None = None):
         """(graphdef, abstract float32 parameters placed on the mesh), with `remat` (see
-        `_remat`)."""
-        remat, remat_policy = self._remat(remat)
+        `_remat`): one per (remat, remat_policy), however it is asked for."""
+        return self._policy_with(*self._remat(remat))
+
+    @functools.cache  # noqa: B019 (one planner per plan: it lives as long as its cache)
+    def _policy_with(self, remat: bool, remat_policy: str):
         model_config = self.model_config.replace(remat=remat, remat_policy=remat_policy)
         abstract = models.abstract_decoder(model_config, mesh=self.mesh)
         graphdef, params = nnx.split(abstract, nnx.Param)

@@ -72,13 +72,13 @@ def _reference_attention(q, k, v, allowed):
 
 
 def test_the_fused_calls_mask_and_is_causal_give_the_models_attention():
-    """`_fused_attention` (the cuDNN path) hands `jax.nn.dot_product_attention` the model's mask
+    """`fused_attention` (the cuDNN path) hands `jax.nn.dot_product_attention` the model's mask
     with `is_causal=True`. Run through jax's XLA implementation of that same call (cuDNN needs a
     GPU): left-padded rows and a packed row of two segments, against a loop (float32, within
     1e-5), with and without `is_causal` (the mask is causal already, so nothing changes) and
     against the einsum path the sampler takes. Rows with no allowed key (left padding) are left
     out: no loss reads them."""
-    from gdro_jax.models._decoder import _attention, _fused_attention
+    from gdro_jax.models._decoder import _attention
 
     B, T, N, K, H = 3, 7, 4, 2, 8
     rng = np.random.default_rng(0)
@@ -91,7 +91,7 @@ def test_the_fused_calls_mask_and_is_causal_give_the_models_attention():
     want = _reference_attention(q, k, v, allowed)[some]
     args = (jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.asarray(allowed))
     for is_causal in (True, False):
-        got = _fused_attention(*args, implementation="xla", causal=is_causal)
+        got = models.fused_attention(*args, implementation="xla", causal=is_causal)
         np.testing.assert_allclose(np.asarray(got)[some], want, rtol=0, atol=1e-5)
     einsum = _attention(
         args[0], args[1].transpose(0, 2, 3, 1), args[2].transpose(0, 2, 1, 3), args[3]
