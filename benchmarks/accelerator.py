@@ -11,8 +11,12 @@ others, estimated 7-9 minutes, a guess never timed; `--sections=decode,live` run
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 python -m benchmarks.accelerator --out=accelerator.json
 
 (on a GPU jax takes 75 % of the memory by default, 60 GB of an 80 GB part: too little for the
-update). On a chip missing from the peak table below, give its peaks (dense bf16, HBM; here an
-H100 PCIe):
+update). `--out` is rewritten after every section (`complete` false until the last), so a run
+stopped part-way keeps the figures of the sections it finished; `--budget-s=480` begins no
+section 8 minutes after the first began (for a call with a time limit: the rest are reported as
+skipped, naming the budget). A section that fails is printed with its traceback and reported as
+failed, the others still run, and the run exits 1. On a chip missing from the peak table below,
+give its peaks (dense bf16, HBM; here an H100 PCIe):
 
     python -m benchmarks.accelerator --peak-tflops=756 --peak-hbm-gbs=2000 --out=accelerator.json
 
@@ -105,6 +109,8 @@ import json
 import math
 import os
 import sys
+import time
+import traceback
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -138,6 +144,12 @@ _SECTIONS = flags.DEFINE_list(
     None,
     "The measurements to run, in this order (default: all but update_candidates): decode, "
     "prefill_sharing, live, engines, packed, attention, update, update_candidates.",
+)
+_BUDGET_S = flags.DEFINE_float(
+    "budget-s",
+    None,
+    "Begin no section this many seconds after the first began (default: no limit); the rest "
+    "are reported as skipped. --out is rewritten after every section.",
 )
 
 DATASET_PROMPTS = 14048  # the classifier tracks a DAPO-Math-sized pool (dapo_math_en)
@@ -425,7 +437,7 @@ def bench_update_candidates(
 ) -> dict:
     """`bench_update` once per `UPDATE_CANDIDATES` entry, on a policy of its own (the same seed),
     the run config's fields changed as the entry says; one out of device memory is reported as
-    skipped and the others still run."""
+    skipped, one that fails as failed (and the section with it), and the others still run."""
     results = {}
     for name, overrides in UPDATE_CANDIDATES.items():
         candidate = config.copy_and_resolve_references()
@@ -444,8 +456,10 @@ def bench_update_candidates(
                 peak_flops=peak_flops,
             )
 
-        results[name] = dict(_section(f"update_candidates: {name}", run), overrides=overrides)
-    return dict(candidates=results)
+        print(f"update_candidates: {name}: compiling, then {repeats} timed calls", file=sys.stderr)
+        results[name] = dict(_section(run), overrides=overrides)
+    failed = any(row.get("failed") for row in results.values())
+    return dict(candidates=results, failed=True) if failed else dict(candidates=results)
 
 
 def bench_decode(
@@ -812,15 +826,69 @@ def _causal_kernel(c: models.DecoderConfig, seq_len: int, *, repeats: int) -> di
     )
 
 
-def _section(name: str, bench: Callable[[], dict]) -> dict:
-    """Runs one measurement; out of device memory, it is reported as skipped."""
-    print(f"{name}: compiling, then {_REPEATS.value} timed calls", file=sys.stderr, flush=True)
+def _section(bench: Callable[[], dict]) -> dict:
+    """Runs one measurement. Out of device memory, it is reported as skipped; any other error is
+    printed with its traceback and reported as failed (`failed` true), so that one section's bug
+    costs a chip session that section's figures only."""
     try:
         return bench()
-    except jax.errors.JaxRuntimeError as error:
-        if "RESOURCE_EXHAUSTED" not in str(error):
-            raise
-        return dict(skipped=f"out of memory: {str(error).splitlines()[0][:300]}")
+    except Exception as error:  # noqa: BLE001 (reported, and the run exits 1 at its end)
+        first_line = (str(error).splitlines() or [""])[0][:300]
+        if isinstance(error, jax.errors.JaxRuntimeError) and "RESOURCE_EXHAUSTED" in str(error):
+            return dict(skipped=f"out of memory: {first_line}")
+        traceback.print_exc()
+        return dict(skipped=f"failed: {type(error).__name__}: {first_line}", failed=True)
+
+
+def write_report(report: dict, out: str) -> None:
+    """Writes `report` to `out` as JSON, whole or not at all (a temporary file, then a rename)."""
+    partial = f"{out}.partial"
+    with open(partial, "w") as file:
+        json.dump(report, file, indent=2)
+    os.replace(partial, out)
+
+
+def run_sections(
+    runs: dict[str, Callable[[], dict]],
+    sections: tuple[str, ...],
+    report: dict,
+    *,
+    repeats: int,
+    out: str | None = None,
+    budget_s: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> list[str]:
+    """Runs the asked `sections` in `ALL_SECTIONS`' order into `report`; returns those that failed.
+
+    After every section the report so far goes to `out` (`complete` false until the last), so a
+    run killed part-way, by a time limit or a crash, leaves the figures of the sections it
+    finished. A section is begun only within `budget_s` seconds of the first one's start; the
+    others are reported as skipped, naming the budget. `section_seconds` holds each section's
+    wall time, compilation included.
+    """
+    start, failed = clock(), []
+    report["complete"] = False
+    report["section_seconds"] = {}
+    for name in ALL_SECTIONS:
+        elapsed = clock() - start
+        if name not in sections:
+            report[name] = dict(skipped="not asked")
+        elif budget_s is not None and elapsed >= budget_s:
+            report[name] = dict(
+                skipped=f"not begun: {elapsed:.0f} s had passed, --budget-s={budget_s:g}"
+            )
+        else:
+            print(f"{name}: compiling, then {repeats} timed calls", file=sys.stderr, flush=True)
+            report[name] = _section(runs[name])
+            report["section_seconds"][name] = clock() - start - elapsed
+            if report[name].get("failed"):
+                failed.append(name)
+        if out and name in sections:
+            write_report(report, out)
+    report["complete"] = True
+    if out:
+        write_report(report, out)
+    return failed
 
 
 def _fail(message: str) -> None:
@@ -996,6 +1064,8 @@ def main(argv: list[str]) -> None:
         )
     if _REPEATS.value < 1:
         _fail(f"--repeats must be >= 1, got repeats={_REPEATS.value}")
+    if _BUDGET_S.value is not None and not _BUDGET_S.value > 0:
+        _fail(f"--budget-s must be > 0, got budget-s={_BUDGET_S.value}")
     sections = SECTIONS if _SECTIONS.value is None else tuple(_SECTIONS.value)
     unknown = [name for name in sections if name not in ALL_SECTIONS]
     if unknown or not sections:
@@ -1053,14 +1123,16 @@ def main(argv: list[str]) -> None:
             config, shape, repeats=repeats, peak_flops=peak_flops
         ),
     }
-    for name in ALL_SECTIONS:
-        report[name] = _section(name, runs[name]) if name in sections else dict(skipped="not asked")
+    failed = run_sections(
+        runs, sections, report, repeats=repeats, out=out, budget_s=_BUDGET_S.value
+    )
     print_table(report)
     print_sections(report)
     if out:
-        with open(out, "w") as file:
-            json.dump(report, file, indent=2)
         print(f"figures written to {out}")
+    if failed:
+        print(f"error: sections failed: {', '.join(failed)} (tracebacks above)", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

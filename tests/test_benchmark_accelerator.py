@@ -1,5 +1,7 @@
 """`benchmarks/accelerator.py` on CPU: the `--shape=tiny` smoke run's JSON figures against counts
-written out here from the tiny config, and the one-line refusal without `--shape=tiny`."""
+written out here from the tiny config, the one-line refusals, and how a run treats its sections
+(with stand-in measurements): the JSON rewritten after each, a failure named while the others
+run, no section begun past `--budget-s`."""
 
 import json
 import math
@@ -8,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import pytest
 
 from benchmarks import accelerator
@@ -39,7 +42,7 @@ SECTIONS = {
 TOP_LEVEL = (
     "shape", "device_kind", "platform", "jax_version", "repeats", "model", "param_count",
     "matmul_weights", "param_dtype", "compute_dtype", "peak_flops", "peak_hbm_bytes_per_s",
-    "peaks_from", *SECTIONS,
+    "peaks_from", "complete", "section_seconds", *SECTIONS,
 )  # fmt: skip
 
 
@@ -83,6 +86,9 @@ def test_the_report_holds_every_figure_and_prints_the_table(run):
     for section, keys in SECTIONS.items():
         assert set(keys) <= set(report[section]), section
     assert report["shape"] == "tiny" and report["platform"] == "cpu" and report["repeats"] == 2
+    assert report["complete"] is True
+    assert set(report["section_seconds"]) == set(accelerator.ALL_SECTIONS)
+    assert all(map(_positive_finite, report["section_seconds"].values()))
     assert (report["param_dtype"], report["compute_dtype"]) == ("float32", "bfloat16")
     assert report["peak_flops"] == PEAK_TFLOPS * 1e12
     assert report["peak_hbm_bytes_per_s"] == PEAK_HBM_GBS * 1e9
@@ -266,3 +272,114 @@ def test_without_shape_tiny_it_refuses_cpu_in_one_line(tmp_path):
     assert lines[0].startswith("error: ") and "--shape=tiny" in lines[0]
     assert "shape=qwen3_1p7b" in lines[0]
     assert not out.exists()
+
+
+def _fake_runs(clock, seconds, calls, **raising):
+    """A bench per section that takes `seconds` on the fake `clock`, records each call in
+    `calls`, and raises `raising[name]` where given."""
+
+    def bench(name):
+        def run():
+            calls.append(name)
+            clock[0] += seconds
+            if name in raising:
+                raise raising[name]
+            return dict(figure=len(calls))
+
+        return run
+
+    return {name: bench(name) for name in accelerator.ALL_SECTIONS}
+
+
+def test_the_json_holds_every_finished_section_while_the_run_goes_on(tmp_path):
+    """A chip session's call that is killed part-way keeps what it measured: when each section
+    begins, the file already holds every section before it, and `complete` is false until the
+    end."""
+    out, clock, calls = tmp_path / "figures.json", [0.0], []
+    runs, seen = _fake_runs(clock, 1.0, calls), {}
+    for name, run in list(runs.items()):
+        runs[name] = lambda run=run, name=name: (
+            seen.setdefault(name, json.loads(out.read_text()) if out.exists() else None),
+            run(),
+        )[1]
+    asked = ("decode", "live", "packed", "update")
+    report = dict(shape="tiny")
+    failed = accelerator.run_sections(
+        runs, asked, report, repeats=1, out=str(out), clock=lambda: clock[0]
+    )
+    assert failed == [] and calls == list(asked)
+    assert seen["decode"] is None  # nothing written before the first section ends
+    for index, name in enumerate(asked[1:], start=1):
+        done = {key: value for key, value in seen[name].items() if key in accelerator.ALL_SECTIONS}
+        finished = {section: dict(figure=i + 1) for i, section in enumerate(asked[:index])}
+        assert {k: v for k, v in done.items() if "skipped" not in v} == finished, name
+        assert seen[name]["complete"] is False and seen[name]["shape"] == "tiny"
+    final = json.loads(out.read_text())
+    assert final["complete"] is True and final == report
+    assert final["section_seconds"] == dict.fromkeys(asked, 1.0)
+    assert final["prefill_sharing"] == dict(skipped="not asked")
+    assert not (tmp_path / "figures.json.partial").exists()
+
+
+def test_a_failing_section_is_named_and_the_others_still_run(tmp_path, capsys):
+    clock, calls = [0.0], []
+    out_of_memory = jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory\nmore lines")
+    runs = _fake_runs(
+        clock, 1.0, calls, live=ValueError("bad shape\nsecond line"), update=out_of_memory
+    )
+    report = {}
+    failed = accelerator.run_sections(
+        runs, accelerator.SECTIONS, report, repeats=1, out=str(tmp_path / "f.json")
+    )
+    assert calls == list(accelerator.SECTIONS)  # every asked section ran, in order
+    assert failed == ["live"]
+    assert report["live"] == dict(skipped="failed: ValueError: bad shape", failed=True)
+    assert report["update"] == dict(skipped="out of memory: RESOURCE_EXHAUSTED: Out of memory")
+    assert report["packed"] == dict(figure=calls.index("packed") + 1)
+    assert "Traceback" in capsys.readouterr().err
+    assert json.loads((tmp_path / "f.json").read_text()) == report
+
+
+def test_no_section_begins_past_the_budget():
+    clock, calls = [0.0], []
+    runs = _fake_runs(clock, 100.0, calls)
+    report = {}
+    accelerator.run_sections(
+        runs, accelerator.SECTIONS, report, repeats=1, budget_s=250, clock=lambda: clock[0]
+    )
+    # Sections begin at 0, 100 and 200 s; the fourth would begin at 300.
+    assert calls == list(accelerator.SECTIONS[:3])
+    for name in accelerator.SECTIONS[3:]:
+        assert report[name] == dict(skipped="not begun: 300 s had passed, --budget-s=250"), name
+    assert report["section_seconds"] == dict.fromkeys(accelerator.SECTIONS[:3], 100.0)
+
+
+def test_a_budget_of_zero_is_refused_in_one_line():
+    completed = _run("--shape=tiny", "--budget-s=0")
+    assert completed.returncode == 2, completed.stderr[-2000:]
+    lines = [line for line in completed.stderr.splitlines() if line.strip()]
+    assert lines == ["error: --budget-s must be > 0, got budget-s=0.0"], completed.stderr[-2000:]
+
+
+def test_a_failing_update_candidate_fails_its_section_and_the_others_run(monkeypatch):
+    def bench_update(candidate, model, shape, **_):
+        if candidate.model.remat_policy == "dots":
+            raise ValueError("candidate broke")
+        return dict(median_s=1.0)
+
+    monkeypatch.setattr(accelerator, "bench_update", bench_update)
+    shape = accelerator.SHAPES["tiny"]
+    section = accelerator.bench_update_candidates(
+        accelerator.run_config(shape), shape, repeats=1, peak_flops=None
+    )
+    assert section["failed"] is True
+    rows = section["candidates"]
+    assert rows.pop("remat_dots") == dict(
+        skipped="failed: ValueError: candidate broke",
+        failed=True,
+        overrides=accelerator.UPDATE_CANDIDATES["remat_dots"],
+    )
+    assert rows and all(
+        row == dict(median_s=1.0, overrides=accelerator.UPDATE_CANDIDATES[name])
+        for name, row in rows.items()
+    )
