@@ -880,7 +880,8 @@ def run_sections(
         else:
             print(f"{name}: compiling, then {repeats} timed calls", file=sys.stderr, flush=True)
             report[name] = _section(runs[name])
-            report["section_seconds"][name] = clock() - start - elapsed
+            seconds = report["section_seconds"][name] = clock() - start - elapsed
+            print(f"{name}: {seconds:.0f} s", file=sys.stderr, flush=True)
             if report[name].get("failed"):
                 failed.append(name)
         if out and name in sections:
