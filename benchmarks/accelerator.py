@@ -71,7 +71,8 @@ each, next to some 62 GiB of state, gradients and the update's new state).
            on `benchmarks/rollout_engines.py`'s uneven (64-token prompts, up to 256 new) and long
            tail (up to 1,024) workloads, where a set of stop ids that the near-uniform random
            policy draws with a fixed chance a token makes the lengths geometric, and on one where
-           every request runs to its cap of 256.
+           every request runs to its cap of 256; on the first two also continuous batching with
+           every ring block read and no per-block conds (`skip_dead_blocks=False`).
   packed   Qwen3-0.6B shape, bfloat16, remat: one optimizer step (`step.minibatch_step`) padded
            against packed, passes of 16 slots or rows, on 128 slots of 256 + 2,048 positions with
            DAPO-shaped lengths (`benchmarks/packed_update.py`), real tokens/s; the packed program
@@ -292,6 +293,10 @@ UPDATE_CANDIDATES = {
     "logits_chunk_256": {"grpo.logprob_chunk_tokens": 256},  # [B, 256, V] logits at a time
 }
 ALL_SECTIONS = (*SECTIONS, "update_candidates")
+# The engines section's workloads also timed with continuous batching reading every ring block,
+# no per-block `lax.cond` (`skip_dead_blocks=False`): on a GPU each cond's predicate is copied to
+# the host and waited for, one per block and layer a step, unless XLA's command buffers take it.
+ALL_BLOCKS_WORKLOADS = ("uneven", "long_tail")
 # The live section's largest cap again with the decode loop's stop condition checked once per
 # this many steps (issue 46: on a GPU a while loop's condition is copied to the host and waited
 # for at every iteration).
@@ -603,7 +608,9 @@ def _stop_ids(probability: float, vocab_size: int) -> tuple[int, ...]:
 
 def bench_engines(engines: Engines, *, repeats: int) -> dict:
     """Completion tokens/s of static batching (all slots until the longest stops) against
-    continuous batching (`lanes` decode slots taking the requests from a queue) per workload."""
+    continuous batching (`lanes` decode slots taking the requests from a queue) per workload;
+    on `ALL_BLOCKS_WORKLOADS` also continuous batching reading every ring block, with no
+    per-block conds (`skip_dead_blocks=False`)."""
     model = models.init_decoder(engines.model, seed=0)
     vocab = engines.model.vocab_size
     results = {}
@@ -612,7 +619,7 @@ def bench_engines(engines: Engines, *, repeats: int) -> dict:
         tokens_NP, lengths_N, slot_map_R = _prompts(work, vocab, seed=5)
         key, last = jax.random.key(0), {}
 
-        def call(batching: str, lanes: int | None, new_tokens=new_tokens, stop=stop, **prompts):
+        def call(form, batching, lanes, skip=True, new_tokens=new_tokens, stop=stop, **prompts):
             def run():
                 result = generate(
                     model,
@@ -623,20 +630,23 @@ def bench_engines(engines: Engines, *, repeats: int) -> dict:
                     eos_ids=_stop_ids(stop, vocab),
                     batching=batching,
                     micro_batch_slots=lanes,
+                    skip_dead_blocks=skip,
                 )
-                last[batching] = result.lengths
+                last[form] = result.lengths
                 return result
 
             return run
 
         prompts = dict(prompt_tokens=tokens_NP, prompt_lengths=lengths_N, prompt_of_slot=slot_map_R)
-        timing = timed(
-            dict(
-                static=call("static", None, **prompts),
-                continuous=call("continuous", engines.lanes, **prompts),
-            ),
-            repeats,
+        calls = dict(
+            static=call("static", "static", None, **prompts),
+            continuous=call("continuous", "continuous", engines.lanes, **prompts),
         )
+        if name in ALL_BLOCKS_WORKLOADS:
+            calls["continuous_all_blocks"] = call(
+                "continuous_all_blocks", "continuous", engines.lanes, skip=False, **prompts
+            )
+        timing = timed(calls, repeats)
         row = dict(prompt_len=prompt_len, new_tokens=new_tokens, stop_probability=stop)
         for form, seconds in timing.items():
             lengths = np.asarray(last[form])
@@ -650,6 +660,10 @@ def bench_engines(engines: Engines, *, repeats: int) -> dict:
         row["continuous_over_static"] = (
             row["continuous"]["tokens_per_s"] / row["static"]["tokens_per_s"]
         )
+        if "continuous_all_blocks" in row:
+            row["all_blocks_over_skipping"] = (
+                row["continuous_all_blocks"]["tokens_per_s"] / row["continuous"]["tokens_per_s"]
+            )
         results[name] = row
     return dict(
         slots=engines.prompts * engines.rollouts,
@@ -985,14 +999,21 @@ def _print_engines(engines: dict) -> None:
         f"\nbuilt-in engine, {engines['slots']} requests of {engines['prompts']} prompts: static "
         f"(all at once) against continuous ({engines['lanes']} lanes):"
     )
-    print("| workload | median length / cap | static tok/s | continuous tok/s | ratio |")
-    print("|---|---:|---:|---:|---:|")
+    print(
+        "| workload | median length / cap | static tok/s | continuous tok/s | ratio | "
+        "every block read (no conds) tok/s |"
+    )
+    print("|---|---:|---:|---:|---:|---:|")
     for name, row in engines["workloads"].items():
         static, continuous = row["static"], row["continuous"]
+        every = row.get("continuous_all_blocks")
+        every = "-" if every is None else (
+            f"{every['tokens_per_s']:,.0f} ({row['all_blocks_over_skipping']:.2f}x)"
+        )  # fmt: skip
         print(
             f"| {name} | {static['median_length']:.0f} / {row['new_tokens']} | "
             f"{static['tokens_per_s']:,.0f} | {continuous['tokens_per_s']:,.0f} | "
-            f"{row['continuous_over_static']:.2f}x |"
+            f"{row['continuous_over_static']:.2f}x | {every} |"
         )
 
 

@@ -189,13 +189,18 @@ def test_engines_rows_count_each_batchings_own_tokens(run):
     assert engines["slots"] == 16 and engines["lanes"] == 8
     assert set(engines["workloads"]) == {"uneven", "long_tail", "at_cap"}
     for name, row in engines["workloads"].items():
-        for form in ("static", "continuous"):
+        every = name in accelerator.ALL_BLOCKS_WORKLOADS
+        assert ("continuous_all_blocks" in row) == every, name
+        for form in ("static", "continuous", "continuous_all_blocks")[: 3 if every else 2]:
             entry = row[form]
             assert 0 < entry["tokens"] <= engines["slots"] * row["new_tokens"], (name, form)
             rate = entry["tokens"] / entry["median_s"]
             assert entry["tokens_per_s"] == pytest.approx(rate, rel=1e-9)
         ratio = row["continuous"]["tokens_per_s"] / row["static"]["tokens_per_s"]
         assert row["continuous_over_static"] == pytest.approx(ratio, rel=1e-9)
+        if every:
+            ratio = row["continuous_all_blocks"]["tokens_per_s"] / row["continuous"]["tokens_per_s"]
+            assert row["all_blocks_over_skipping"] == pytest.approx(ratio, rel=1e-9)
         assert f"| {name} |" in printed
     # No stop id: every request of both batchings runs to the cap.
     at_cap = engines["workloads"]["at_cap"]

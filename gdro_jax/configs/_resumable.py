@@ -30,6 +30,7 @@ RESUMABLE_FIELDS = (
     "rollout.decode_window",  # likewise
     "rollout.lane_halvings",  # likewise
     "rollout.stop_check_every",  # the same completions
+    "rollout.skip_dead_blocks",  # the same completions, up to float rounding
     # How vLLM holds and schedules the work, not what it samples.
     "rollout.vllm.gpu_memory_utilization",
     "rollout.vllm.cpu_kvcache_space_gib",

@@ -318,7 +318,7 @@ class DecoderLayers(nnx.Module):
         allowed_BTS: jax.Array,
         cache: tuple[jax.Array, jax.Array] | None,
         cache_index: jax.Array | int,
-        live_blocks: jax.Array | None = None,
+        live_blocks: jax.Array | bool | None = None,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
         """One pre-norm block on one layer's parameters (call on a per-layer slice).
 
@@ -335,7 +335,8 @@ class DecoderLayers(nnx.Module):
           cache_index: cache slot of this call's first token (one for the whole batch).
           live_blocks: for a blocked cache, [n] bool: which blocks attention reads, the new
             keys/values going into the block that holds `cache_index` (see
-            `Decoder.extend_cache`); None: every block read, the new ones written into the last.
+            `Decoder.extend_cache`); True: the same write, every block read; None: every block
+            read, the new ones written into the last.
 
         Returns:
           (the new residual stream [B, T, D], this layer's cache with the new keys/values
@@ -392,7 +393,8 @@ class DecoderLayers(nnx.Module):
         if cache is None and attention_implementation(c, platform) == "cudnn":
             attn_BTNH = fused_attention(q_BTNH, k_BTKH, v_BTKH, allowed_BTS)
         else:
-            attn_BTNH = _attention(q_BTNH, k_BKHS, v_BKSH, allowed_BTS, live_blocks)
+            live_n = None if live_blocks is True else live_blocks
+            attn_BTNH = _attention(q_BTNH, k_BKHS, v_BKSH, allowed_BTS, live_n)
         attn_BTNH = constrain(attn_BTNH, s.act_btnh, mesh)
         out_BTD = _dense(attn_BTNH, self.o[...].astype(cdt), 2)
         if c.o_bias:
@@ -497,7 +499,7 @@ class Decoder(nnx.Module):
         key_mask_BS: jax.Array,
         layers: Sequence[DecoderLayers] | None = None,
         causal_by_slot: bool = True,
-        live_blocks: jax.Array | None = None,
+        live_blocks: jax.Array | bool | None = None,
     ) -> tuple[jax.Array, KVCache]:
         """Runs T new tokens per sequence, writing their keys/values at cache slots
         `cache_index .. cache_index+T-1`, and attending to every earlier valid slot.
@@ -519,8 +521,10 @@ class Decoder(nnx.Module):
           live_blocks: for a blocked cache, [n] bool, one per block: attention reads only the
             blocks marked True (the others' slots must be masked by `key_mask_BS` for every row
             that counts), and the new tokens go into whichever block holds `cache_index` (a
-            ring of blocks; the T new slots within one block). None: every block given is read
-            and the new tokens go into the last.
+            ring of blocks; the T new slots within one block), each unmarked block skipped by a
+            `lax.cond`. True: the same write, and every block read (no conds; the slots not to
+            be read masked by `key_mask_BS`). None: every block given is read and the new tokens
+            go into the last.
 
         Returns:
           (h_BTD final-normed hidden states, the updated cache).

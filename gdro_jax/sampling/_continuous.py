@@ -22,7 +22,11 @@ first block and only the later blocks that some active lane has written into sin
 entered: the others are skipped (`lax.cond` per block and layer; the blocks read are joined by
 their scores' maxima, `models._decoder._attention_over_live_blocks`), so a step's reads follow
 the span of ring slots its live requests cover, not all M. Nothing moves: the ring wraps as
-before, and the step's key/value goes into the block that holds its ring slot.
+before, and the step's key/value goes into the block that holds its ring slot. With
+`skip_dead_blocks=False` a step reads every block, the dead ones' slots masked, with no conds: on
+a GPU a cond's predicate is copied to the host and waited for (unless XLA's command buffers take
+the cond), one per block and layer a step, which may cost more than reading the dead blocks.
+The same completions up to float rounding.
 
 No queue. With a lane for every request (`decode_slots >= R`, the trainer's default), every
 request enters at step 0 and ring slot g is written at step g, so the loop starts as the static
@@ -105,6 +109,7 @@ class _Lanes(NamedTuple):
         "decode_window",
         "lane_halvings",
         "stop_check_every",
+        "skip_dead_blocks",
     ),
 )
 def _generate_continuous(
@@ -127,6 +132,7 @@ def _generate_continuous(
     decode_window: int = 0,
     lane_halvings: int = LANE_HALVINGS,
     stop_check_every: int = 1,
+    skip_dead_blocks: bool = True,
 ) -> GenerationResult:
     model, sample, prompts = _set_up(
         graphdef, state, tokens_NP, lengths_N, pad_id=pad_id, temperature=temperature,
@@ -234,6 +240,8 @@ def _generate_continuous(
                 k=tuple(blocks[: window + 1] for blocks in lanes.cache.k),
                 v=tuple(blocks[: window + 1] for blocks in lanes.cache.v),
             )
+        elif len(ends) > 1 and not skip_dead_blocks:
+            live_n = True  # every block read, masked: no conds
         elif len(ends) > 1:
             read_CM = written_CS[:, P:] & active_C[:, None]
             live_n = jnp.stack(

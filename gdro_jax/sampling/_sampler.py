@@ -47,6 +47,7 @@ def generate(
     decode_window: int = 0,
     lane_halvings: int = LANE_HALVINGS,
     stop_check_every: int = 1,
+    skip_dead_blocks: bool = True,
 ) -> GenerationResult:
     """Samples completions of a batch of prompts with a KV cache, in one compiled loop.
 
@@ -101,6 +102,10 @@ def generate(
         steps; a loop that could stop inside runs at most that many - 1 steps more, steps that
         change no output. The same completions; above 1 each loop compiles twice (the chunk's,
         then the one step at a time that ends a window).
+      skip_dead_blocks: continuous batching with a queue or halved lanes: skip (`lax.cond` per
+        block and layer) the ring's blocks no active lane has written into (True), or read
+        every block, their dead slots masked, with no conds (False: on a GPU each cond waits
+        for its predicate on the host). The same completions up to float rounding.
 
     Returns:
       GenerationResult with tokens/logprobs [R, M], lengths and finish reasons [R], and each
@@ -123,6 +128,8 @@ def generate(
     _check_count("decode_window", decode_window, " (0: automatic)")
     _check_count("lane_halvings", lane_halvings)
     _check_count("stop_check_every", stop_check_every, least=1)
+    if not isinstance(skip_dead_blocks, bool):
+        raise ValueError(f"skip_dead_blocks must be True or False, got {skip_dead_blocks!r}")
     if micro_batch_slots is not None and (
         isinstance(micro_batch_slots, bool)
         or not isinstance(micro_batch_slots, int)
@@ -191,6 +198,7 @@ def generate(
         return _generate_continuous(
             *arrays, **static, decode_slots=slots, decode_window=decode_window,
             lane_halvings=lane_halvings, stop_check_every=stop_check_every,
+            skip_dead_blocks=skip_dead_blocks,
         )  # fmt: skip
     return _generate(
         *arrays,

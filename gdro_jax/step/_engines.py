@@ -55,6 +55,10 @@ class RolloutConfig:
       stop_check_every: kv_cache's decode steps per stop check. Its decode loop checks its
         stop condition (on a GPU: copied to the host and waited for) once per that many steps,
         and runs at most that many - 1 steps more, which change no output. The same completions.
+      skip_dead_blocks: continuous batching skips the ring blocks no active lane wrote into;
+        False reads every block, the dead ones masked, with none of the skipping's conds (a
+        `lax.cond` per block and layer, with a queue or halved lanes: on a GPU each waits for
+        its predicate on the host). The same completions up to float rounding.
       engine: kv_cache (the built-in sampler) or vllm (the vllm extra). vllm is `VLLMEngine`.
       greedy: decode greedily (argmax), log-probs under temperature 1. For checking one engine
         against another; needs grpo.temperature=1.
@@ -71,6 +75,7 @@ class RolloutConfig:
     decode_window: int = 0
     lane_halvings: int = LANE_HALVINGS
     stop_check_every: int = 1
+    skip_dead_blocks: bool = True
     engine: str = "kv_cache"
     greedy: bool = False
     logprobs_from: str = "trainer"
@@ -98,8 +103,10 @@ class RolloutConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"{name} must be an int >= {least}{meaning}, got {name}={value!r}")
-        if not isinstance(self.greedy, bool):
-            raise ValueError(f"greedy must be True or False, got greedy={self.greedy!r}")
+        for name in ("greedy", "skip_dead_blocks"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} must be True or False, got {name}={value!r}")
         if not float(self.tis_cap) >= 1:
             raise ValueError(f"tis_cap must be >= 1, got tis_cap={self.tis_cap!r}")
 
@@ -136,6 +143,7 @@ def sample_rollouts(
     decode_window: int = 0,
     lane_halvings: int = LANE_HALVINGS,
     stop_check_every: int = 1,
+    skip_dead_blocks: bool = True,
 ) -> Rollouts:
     """Samples `R = len(plan.prompt_of_slot)` completions; rewards are scored afterwards.
 
@@ -156,6 +164,8 @@ def sample_rollouts(
       decode_window: the KV cache's decode window (`RolloutConfig.decode_window`).
       lane_halvings: continuous batching's halvings (`RolloutConfig.lane_halvings`).
       stop_check_every: decode steps per stop check (`RolloutConfig.stop_check_every`).
+      skip_dead_blocks: continuous batching's per-block conds
+        (`RolloutConfig.skip_dead_blocks`).
 
     Returns:
       The `Rollouts` with rewards 0 and correct False: the run's reward phase fills them in
@@ -176,6 +186,7 @@ def sample_rollouts(
         decode_window=decode_window,
         lane_halvings=lane_halvings,
         stop_check_every=stop_check_every,
+        skip_dead_blocks=skip_dead_blocks,
     )
     num_slots = result.lengths.shape[0]
     return Rollouts(
@@ -235,6 +246,8 @@ class KVCacheEngine:
       decode_window: the KV cache's decode window (`config.rollout.decode_window`).
       lane_halvings: continuous batching's halvings (`config.rollout.lane_halvings`).
       stop_check_every: decode steps per stop check (`config.rollout.stop_check_every`).
+      skip_dead_blocks: continuous batching's per-block conds
+        (`config.rollout.skip_dead_blocks`).
     """
 
     def __init__(
@@ -249,6 +262,7 @@ class KVCacheEngine:
         decode_window: int = 0,
         lane_halvings: int = LANE_HALVINGS,
         stop_check_every: int = 1,
+        skip_dead_blocks: bool = True,
     ):
         self.graphdef = graphdef
         self.max_new_tokens = max_new_tokens
@@ -259,6 +273,7 @@ class KVCacheEngine:
         self.decode_window = decode_window
         self.lane_halvings = lane_halvings
         self.stop_check_every = stop_check_every
+        self.skip_dead_blocks = skip_dead_blocks
 
     def generate(self, params, plan, prompt_tokens_NP, prompt_lengths_N, key) -> Rollouts:
         """`sample_rollouts` with this engine's settings (pure JAX: traceable inside jit)."""
@@ -277,6 +292,7 @@ class KVCacheEngine:
             decode_window=self.decode_window,
             lane_halvings=self.lane_halvings,
             stop_check_every=self.stop_check_every,
+            skip_dead_blocks=self.skip_dead_blocks,
         )
 
     def sync_weights(self, params: nnx.State) -> None:

@@ -246,6 +246,7 @@ class StepProgram:
             decode_window=self.rollout.decode_window,
             lane_halvings=self.rollout.lane_halvings,
             stop_check_every=self.rollout.stop_check_every,
+            skip_dead_blocks=self.rollout.skip_dead_blocks,
         )
 
     def rollout_function(

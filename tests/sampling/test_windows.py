@@ -9,7 +9,9 @@ pass alone; one compilation serves every live length; a block marked dead is not
 (NaN there stays out of the result). Planted, each seen failing: a window's key mask that
 hides the earlier windows' slots while they are live, a window that skips the blocks between the
 first and its own, and (continuous) a live ring block taken for dead and a window loop (no queue)
-running a step past its block."""
+running a step past its block. With `skip_dead_blocks=False` the continuous loop reads every
+block, with no per-block cond, and its completions are the same (planted: its step's key and
+value written into the last block instead of the one holding its ring slot)."""
 
 import jax
 import jax.numpy as jnp
@@ -198,3 +200,53 @@ def test_a_dead_block_is_not_read_and_the_write_lands_in_the_holding_block(model
             np.testing.assert_array_equal(np.asarray(got_blocks[0]), np.asarray(wanted[0]))
             np.testing.assert_array_equal(np.asarray(got_blocks[1]), np.asarray(wanted[1]))
             assert np.all(np.isnan(np.asarray(got_blocks[2])))  # dead and untouched
+
+
+# --- Every block read, no conds (`skip_dead_blocks=False`) --------------------------------------
+
+
+def _block_conds(jaxpr) -> int:
+    """The `cond`s of a jaxpr (nested) with a matmul in a branch: the per-block skips of the
+    attention (the refill's cond gathers and draws, with no matmul)."""
+    found = 0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "cond":
+            found += any("dot_general" in str(branch.jaxpr) for branch in eqn.params["branches"])
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, tuple | list) else (param,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    found += _block_conds(inner)
+    return found
+
+
+@pytest.mark.parametrize("lanes, top_p", [(5, 1.0), (8, 0.9), (32, 0.9)])
+def test_reading_every_block_gives_the_whole_caches_completions(model, lanes, top_p):
+    """With a queue (5 and 8 lanes) and after it (32: the halved lanes), every ring block read
+    and the dead ones masked: the completions of one window over the whole cache."""
+    want = sample(model, 8, batching="static", decode_window=M, top_p=top_p)
+    got = sample(
+        model, lanes, batching="continuous", top_p=top_p, decode_window=3, skip_dead_blocks=False
+    )
+    for name in ("tokens", "lengths", "finish_reasons", "prompt_tokens"):
+        np.testing.assert_array_equal(
+            np.asarray(getattr(got, name)), np.asarray(getattr(want, name)), err_msg=name
+        )
+    np.testing.assert_allclose(np.asarray(got.logprobs), np.asarray(want.logprobs), atol=ATOL)
+
+
+def test_reading_every_block_leaves_no_cond_around_attention(model):
+    def block_conds(skip):
+        fn = lambda: sample(  # noqa: E731
+            model, 5, batching="continuous", decode_window=3, skip_dead_blocks=skip
+        )
+        return _block_conds(jax.make_jaxpr(fn)().jaxpr)
+
+    # Blocks of 24 + 3, 3, 3 and 1 slots: those after the first are skipped when dead.
+    assert block_conds(True) >= 3
+    assert block_conds(False) == 0
+
+
+def test_skip_dead_blocks_must_be_a_bool(model):
+    with pytest.raises(ValueError, match="skip_dead_blocks must be True or False, got 0"):
+        sample(model, 5, batching="continuous", skip_dead_blocks=0)

@@ -14,7 +14,7 @@ import pytest
 from flax import nnx
 
 from gdro_jax import configs, losses, tasks, train
-from gdro_jax.step import KVCacheEngine, MissingExtraError, Rollouts
+from gdro_jax.step import KVCacheEngine, MissingExtraError, RolloutConfig, Rollouts
 from tests.train.configs import small_run_config
 
 
@@ -186,9 +186,17 @@ def test_the_engine_fields_are_validated(overrides, message):
         configs.read_run_config(small_run_config("grpo", **overrides))
 
 
+def test_a_rollout_flag_that_is_not_a_bool_is_refused():
+    """ConfigDict keeps a bool field a bool; a RolloutConfig built by hand is checked itself."""
+    with pytest.raises(ValueError, match="skip_dead_blocks must be True or False, got .*=1"):
+        RolloutConfig(skip_dead_blocks=1)
+
+
 def test_the_rollout_settings_reach_the_built_in_engine():
     """`config.rollout`'s decode settings, as the run's step builds its engine."""
-    rollout = {"decode_window": 8, "lane_halvings": 2, "stop_check_every": 4}
+    rollout = {
+        "decode_window": 8, "lane_halvings": 2, "stop_check_every": 4, "skip_dead_blocks": False,
+    }  # fmt: skip
     config = small_run_config("grpo", **{f"rollout.{k}": v for k, v in rollout.items()})
     settings = configs.read_run_config(config)
     program = configs.step_program(
