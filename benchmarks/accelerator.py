@@ -6,7 +6,7 @@ shapes).
 
 Run on a machine with one GPU or TPU chip with at least 80 GB of memory and jax with CUDA or TPU
 support (the first three sections ran on an H200 in about 4 minutes, BENCHMARKS.md; with the
-others, estimated 7-9 minutes, a guess never timed; `--sections=decode,live` runs some):
+others, estimated 8-10 minutes, a guess never timed; `--sections=decode,live` runs some):
 
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 python -m benchmarks.accelerator --out=accelerator.json
 
