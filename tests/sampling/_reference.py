@@ -96,3 +96,12 @@ def assert_same(got, want):
         np.testing.assert_array_equal(
             np.asarray(getattr(got, name)), np.asarray(getattr(want, name)), err_msg=name
         )
+
+
+def sub_jaxprs(eqn):
+    """The jaxprs nested in one equation's parameters (a loop's body, a cond's branches)."""
+    for param in eqn.params.values():
+        for sub in param if isinstance(param, tuple | list) else (param,):
+            inner = getattr(sub, "jaxpr", sub)
+            if hasattr(inner, "eqns"):
+                yield inner

@@ -11,7 +11,7 @@ import pytest
 
 from gdro_jax import models
 from gdro_jax.sampling import generate
-from tests.sampling._reference import CONFIG, PROMPTS, SLOTS, M, sample
+from tests.sampling._reference import CONFIG, PROMPTS, SLOTS, M, sample, sub_jaxprs
 
 # (batching, micro_batch_slots): static chunks of 8; continuous with a queue (5 lanes for 24
 # requests); continuous with a lane per request (24 lanes, halving to 12, 6, 3).
@@ -54,13 +54,8 @@ def _loops(jaxpr, found):
             found["scans_in_while"] += [
                 e.params["length"] for e in body.eqns if e.primitive.name == "scan"
             ]
-        for param in eqn.params.values():
-            for sub in param if isinstance(param, tuple | list) else (param,):
-                inner = getattr(sub, "jaxpr", None)
-                if inner is not None and hasattr(inner, "eqns"):
-                    _loops(inner, found)
-                elif hasattr(sub, "eqns"):
-                    _loops(sub, found)
+        for inner in sub_jaxprs(eqn):
+            _loops(inner, found)
     return found
 
 

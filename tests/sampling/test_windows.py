@@ -23,7 +23,7 @@ from gdro_jax.models import KVCache
 from gdro_jax.sampling import window_ends
 from gdro_jax.sampling._continuous import _generate_continuous
 from gdro_jax.sampling._generate import _generate
-from tests.sampling._reference import CONFIG, EOS, SLOTS, M, sample, sample_alone
+from tests.sampling._reference import CONFIG, EOS, SLOTS, M, sample, sample_alone, sub_jaxprs
 
 ATOL = 1e-5  # log-probs: matmuls over caches of other lengths round differently
 
@@ -212,11 +212,7 @@ def _block_conds(jaxpr) -> int:
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "cond":
             found += any("dot_general" in str(branch.jaxpr) for branch in eqn.params["branches"])
-        for param in eqn.params.values():
-            for sub in param if isinstance(param, tuple | list) else (param,):
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    found += _block_conds(inner)
+        found += sum(_block_conds(inner) for inner in sub_jaxprs(eqn))
     return found
 
 
